@@ -1,0 +1,156 @@
+"""Reversible hooks on `PreTrainedModel` that make ``condinit=`` and the attention variants one flag away.
+
+`install` (run on ``import hf_condinit``) wraps four methods; `uninstall` restores them:
+
+- ``_from_config`` (classmethod): pops ``condinit=`` into a *copy* of the config as ``config.condinit`` (so the
+  caller's config object is not changed for later models). Under DeepSpeed ZeRO-3, where HF builds with
+  initialisation suppressed and re-runs it per module on rank 0, the scheme is applied afterwards on every rank
+  with gathered parameters (`hf_condinit.api.apply_init`), giving the same weights as without ZeRO.
+- ``post_init`` (structure): resolves ``config.condinit`` (seed, layout, version), checks that the model has a
+  recognisable attention, records the attention variant in ``config.condinit_attention`` and lets
+  `hf_condinit.attention.inject` attach the variant's holder modules *before* the original ``post_init`` runs the
+  init pass, so the holders are created inside ``zero.Init`` and initialised like any other module.
+- ``_initialize_weights`` (values): after the original, writes the scheme on each attention block and resets
+  each holder, skipping every parameter flagged ``_is_hf_initialized`` — so ``from_pretrained`` never
+  re-initialises loaded weights, whatever the config says.
+- ``_check_and_adjust_attn_implementation``: when the user names no attention implementation and the config
+  records ``condinit_attention`` (a checkpoint saved with a variant), that variant is used, so the holders'
+  saved parameters are loaded instead of dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from . import api
+from .config import resolve_condinit
+from .layouts import get_layout
+from .registry import ATTENTION_VARIANTS
+
+__all__ = ["install", "uninstall", "is_installed"]
+
+_ORIGINALS: dict[str, Any] = {}
+_HOOKED = ("_from_config", "post_init", "_initialize_weights", "_check_and_adjust_attn_implementation")
+
+
+def is_installed() -> bool:
+    return bool(_ORIGINALS)
+
+
+def install() -> None:
+    """Wrap the `PreTrainedModel` methods (idempotent)."""
+    if _ORIGINALS:
+        return
+    for name in _HOOKED:
+        _ORIGINALS[name] = PreTrainedModel.__dict__[name]
+    PreTrainedModel._from_config = classmethod(_from_config)
+    PreTrainedModel.post_init = _post_init
+    PreTrainedModel._initialize_weights = _initialize_weights
+    PreTrainedModel._check_and_adjust_attn_implementation = _check_and_adjust_attn_implementation
+
+
+def uninstall() -> None:
+    """Restore the original `PreTrainedModel` methods."""
+    for name, original in _ORIGINALS.items():
+        setattr(PreTrainedModel, name, original)
+    _ORIGINALS.clear()
+
+
+def _original(name: str):
+    original = _ORIGINALS[name]
+    return original.__func__ if isinstance(original, classmethod) else original
+
+
+def _needs_variant(config) -> bool:
+    condinit = getattr(config, "condinit", None) or {}
+    return config._attn_implementation in ATTENTION_VARIANTS or condinit.get("spectral_lambda") is not None
+
+
+def _from_config(cls, config, **kwargs):
+    if "condinit" in kwargs:
+        resolved = resolve_condinit(kwargs.pop("condinit"))
+        config = copy.deepcopy(config)
+        config.condinit = resolved.to_dict() if resolved is not None else None
+    model = _original("_from_config")(cls, config, **kwargs)
+    cfg = api.resolved_condinit(model.config)
+    if cfg is not None and any(api._is_zero3_param(p) for p in model.parameters()):
+        api.apply_init(model, cfg)
+        _variant_hook("after_zero3_init")(model, get_layout(model), model.config)
+    return model
+
+
+def _post_init(self) -> None:
+    config = self.config
+    cfg = api.resolved_condinit(config)
+    if cfg is not None or _needs_variant(config):
+        layout = get_layout(self)
+        api.attention_blocks(self, layout)
+        if cfg is not None and cfg.layout != layout.name:
+            cfg.layout = layout.name
+            config.condinit = cfg.to_dict()
+        _check_variant_matches_checkpoint(config)
+        if _needs_variant(config):
+            if config._attn_implementation in ATTENTION_VARIANTS:
+                config.condinit_attention = config._attn_implementation
+            _variant_hook("inject")(self, layout, config)
+    _original("post_init")(self)
+
+
+def _check_variant_matches_checkpoint(config) -> None:
+    recorded = getattr(config, "condinit_attention", None)
+    if recorded and recorded != config._attn_implementation:
+        raise ValueError(
+            f"This config records attention variant {recorded!r} (its extra parameters are part of the "
+            f"checkpoint), but the model is being built with attn_implementation={config._attn_implementation!r}, "
+            f"which would drop them. Pass attn_implementation={recorded!r}, or set config.condinit_attention = None "
+            "to build without the variant on purpose."
+        )
+
+
+def _initialize_weights(self, module, is_custom_code: bool = False):
+    already = getattr(module, "_is_hf_initialized", False)
+    _original("_initialize_weights")(self, module, is_custom_code)
+    if already:
+        return
+    if hasattr(module, "reset_condinit_parameters"):
+        if not any(getattr(t, "_is_hf_initialized", False) for t in (*module.parameters(), *module.buffers())):
+            module.reset_condinit_parameters()
+        return
+    cfg = api.resolve_condinit(getattr(self.config, "condinit", None)) if hasattr(self, "config") else None
+    if cfg is None and not _needs_variant(self.config):
+        return
+    ordinal = _block_ordinals(self).get(id(module))
+    if ordinal is None or any(api._is_zero3_param(p) for p in module.parameters()):
+        return  # not an attention block, or ZeRO-3 (handled after construction in `_from_config`)
+    layout = get_layout(self)
+    if cfg is not None:
+        api.init_attention_block(module, ordinal, layout, self.config, cfg, loaded="skip")
+    if _needs_variant(self.config):
+        _variant_hook("on_block_initialized")(module, layout, self.config)
+
+
+def _block_ordinals(model) -> dict[int, int]:
+    """``id(block) -> ordinal`` for the model's attention blocks (cached on the model)."""
+    cache = model.__dict__.get("_condinit_block_ordinals")
+    if cache is None:
+        blocks = get_layout(model).attention_modules(model)
+        cache = {id(block): i for i, (_, block) in enumerate(blocks)}
+        model.__dict__["_condinit_block_ordinals"] = cache
+    return cache
+
+
+def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False, **kwargs):
+    recorded = getattr(self.config, "condinit_attention", None)
+    if attn_implementation is None and recorded:
+        attn_implementation = recorded
+    return _original("_check_and_adjust_attn_implementation")(self, attn_implementation, is_init_check, **kwargs)
+
+
+def _variant_hook(name: str):
+    """A function of `hf_condinit.attention` called at a construction step (see docs/architecture.md)."""
+    from . import attention
+
+    return getattr(attention, name, lambda *args: None)  # DEV-TOLERANCE

@@ -1,0 +1,56 @@
+"""In-place tensor initialisers (timm / torch style: names end in ``_``).
+
+Every function computes in float32 with an explicit ``torch.Generator`` (never the global RNG) and writes with
+``copy_``, so it works on non-contiguous views (transposed ``nn.Linear`` blocks) and on bf16/fp16 parameters.
+Shapes are in math orientation (see `hf_condinit.layouts.base`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["semi_orthogonal_", "rect_identity_", "mimetic_factors", "mimetic_target"]
+
+
+def semi_orthogonal_(view: torch.Tensor, generator: torch.Generator, gain: float = 1.0) -> torch.Tensor:
+    """Fill a (D, d) view with ``gain · U Vᵀ`` from the thin SVD of a Gaussian matrix.
+
+    For D ≥ d the columns are orthonormal (Wᵀ W = gain² I_d); for D < d the rows are.
+    """
+    rows, cols = view.shape
+    gaussian = torch.randn(rows, cols, generator=generator, dtype=torch.float32)
+    u, _, vh = torch.linalg.svd(gaussian, full_matrices=False)
+    with torch.no_grad():
+        view.copy_(gain * (u @ vh))
+    return view
+
+
+def rect_identity_(view: torch.Tensor, row_offset: int = 0, gain: float = 1.0) -> torch.Tensor:
+    """Fill a (D, d) view with the rectangular identity whose column i has ``gain`` at row ``(row_offset + i) % D``."""
+    rows, cols = view.shape
+    eye = torch.zeros(rows, cols, dtype=torch.float32)
+    eye[(row_offset + torch.arange(cols)) % rows, torch.arange(cols)] = gain
+    with torch.no_grad():
+        view.copy_(eye)
+    return view
+
+
+def mimetic_target(
+    dim: int, alpha: float, beta: float, sign: int, dist: str, generator: torch.Generator
+) -> torch.Tensor:
+    """The mimetic target ``α·Z + sign·β·I`` (D, D), Z with i.i.d. entries of variance 1/D (uniform or Gaussian)."""
+    if dist == "uniform":
+        bound = math.sqrt(3.0 / dim)
+        z = (torch.rand(dim, dim, generator=generator, dtype=torch.float32) * 2 - 1) * bound
+    else:
+        z = torch.randn(dim, dim, generator=generator, dtype=torch.float32) / math.sqrt(dim)
+    return alpha * z + sign * beta * torch.eye(dim, dtype=torch.float32)
+
+
+def mimetic_factors(target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split A = U Σ Vᵀ into L = U Σ^½ and R = Σ^½ Vᵀ, so L[:, :r] R[:r] is A's best rank-r approximation."""
+    u, s, vh = torch.linalg.svd(target)
+    root = s.sqrt()
+    return u * root, root[:, None] * vh

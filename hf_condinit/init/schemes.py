@@ -1,0 +1,97 @@
+"""Init schemes, written once against the layout protocol and registered in ``INIT_SCHEMES``.
+
+A scheme is ``fn(projs, geometry, cfg, generator) -> list[str]``: ``projs`` maps ``"q"/"k"/"v"/"o"`` to
+`Projection`s of one attention block, ``cfg`` is a `CondInitConfig`, ``generator`` the block's own generator. It
+overwrites only what METHODS.md names and returns the roles it wrote. It runs after the model's own init, so
+everything it does not touch keeps the architecture's default (e.g. GPT-2's 0.02/√(2L) residual W_O).
+
+Parameters flagged ``_is_hf_initialized`` (loaded by ``from_pretrained``) are never written: the caller
+(`hf_condinit.api.init_attention_block`) drops their roles before calling the scheme.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import CondInitConfig
+from ..layouts.base import HeadGeometry, Projection
+from ..registry import register_scheme
+from .functional import mimetic_factors, mimetic_target, rect_identity_, semi_orthogonal_
+
+__all__ = ["default_scheme", "conditioned_scheme", "mimetic_scheme"]
+
+
+def default_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitConfig, generator) -> list[str]:
+    """The architecture's own init, which has already run: nothing to write."""
+    return []
+
+
+def conditioned_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitConfig, generator) -> list[str]:
+    """Conditioned init (METHODS.md §1).
+
+    Q and K: an independent semi-orthogonal (D, d) block per head (per KV head for K), times ``qk_gain``; draws
+    in the order Q heads then K heads. V: ``value_init="block"`` gives KV head j the identity block at rows
+    [j·d, (j+1)·d) (mod D), ``"per_head"`` gives every head I_{D×d}; times ``v_gain``. q/k/v biases: zero.
+    """
+    written = []
+    for role in ("q", "k", "v"):
+        proj = projs.get(role)
+        if proj is None:
+            continue
+        for j, view in enumerate(proj.heads(proj.weight)):
+            if role == "v":
+                rect_identity_(view, row_offset=j * g.head_dim if cfg.value_init == "block" else 0, gain=cfg.v_gain)
+            else:
+                semi_orthogonal_(view, generator, gain=cfg.qk_gain)
+        if proj.bias is not None and not getattr(proj.bias, "_is_hf_initialized", False):
+            for b in proj.bias_heads(proj.bias):
+                b.zero_()
+        written.append(role)
+    return written
+
+
+def mimetic_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitConfig, generator) -> list[str]:
+    """Mimetic init (Trockman & Kolter 2023; METHODS.md §2).
+
+    Per query head h: A = α1·Z + β1·I = L R (`mimetic_factors`), W_Q^h = L[:, :d], W_K^h = Rᵀ[:, :d], so
+    W_Q^h W_K^hᵀ is A's best rank-d approximation. Under GQA a KV head's K comes from the first query head of its
+    group. Per layer: A2 = α2·Z + sign·β2·I = L R, KV head j: W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h),
+    group size G) gets W_O^h = R[g·d:(g+1)·d] / G, so the expanded W_V W_O equals A2's best rank-(H_kv·d)
+    approximation (exactly A2 when H·d = D). Draw order: Z for each query head, then the VO Z. Biases untouched.
+    Needs all four roles; a block whose Q/K or V/O pair is partly loaded keeps the loaded pair and the other is
+    skipped as a whole.
+    """
+    d, group = g.head_dim, g.n_heads // g.n_kv_heads
+    written = []
+    qk_targets = [
+        mimetic_target(g.hidden, cfg.mimetic_alpha1, cfg.mimetic_beta1, 1, cfg.mimetic_dist, generator)
+        for _ in range(g.n_heads)
+    ]
+    vo_target = mimetic_target(
+        g.hidden, cfg.mimetic_alpha2, cfg.mimetic_beta2, cfg.mimetic_vo_sign, cfg.mimetic_dist, generator
+    )
+    if "q" in projs and "k" in projs:
+        q_views, k_views = projs["q"].heads(projs["q"].weight), projs["k"].heads(projs["k"].weight)
+        for h, target in enumerate(qk_targets):
+            left, right = mimetic_factors(target)
+            with torch.no_grad():
+                q_views[h].copy_(left[:, :d])
+                if h % group == 0:
+                    k_views[h // group].copy_(right[:d].t())
+        written += ["q", "k"]
+    if "v" in projs and "o" in projs:
+        left, right = mimetic_factors(vo_target)
+        v_views, o_views = projs["v"].heads(projs["v"].weight), projs["o"].heads(projs["o"].weight)
+        with torch.no_grad():
+            for j, view in enumerate(v_views):
+                view.copy_(left[:, j * d : (j + 1) * d])
+            for h, view in enumerate(o_views):
+                j = h // group
+                view.copy_(right[j * d : (j + 1) * d] / group)
+        written += ["v", "o"]
+    return written
+
+
+register_scheme("default", default_scheme)
+register_scheme("conditioned", conditioned_scheme)
+register_scheme("mimetic", mimetic_scheme)

@@ -1,0 +1,200 @@
+"""The layout protocol: where a family keeps q/k/v/o, as writable per-head views in math orientation.
+
+Math orientation (METHODS.md): row-vector convention, Q = X·W_Q with X (N, D), one head's W_Q, W_K, W_V of shape
+(D, d) and W_O's head-h block of shape (d, D). Storage differs per module type:
+
+- ``nn.Linear`` stores ``weight`` as (out, in): a head of q/k/v is a *row* block, seen transposed;
+- GPT-2 ``Conv1D`` stores ``weight`` as (in, out) = math orientation: a head is a *column* block, no transpose.
+
+All transposition and fused / interleaved slicing in the package lives in this file; schemes, variants and
+diagnostics only see `Projection.heads` views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["HeadGeometry", "Projection", "AttentionLayout", "LayoutError"]
+
+QKV_ROLES = ("q", "k", "v")
+
+
+def _full_shape(t: torch.Tensor) -> torch.Size:
+    """The unpartitioned shape (DeepSpeed ZeRO-3 leaves an empty local tensor and keeps it in ``ds_shape``)."""
+    return getattr(t, "ds_shape", t.shape)
+
+
+class LayoutError(ValueError):
+    """A model does not match what its layout adapter expects (shapes, head dimensions, missing modules)."""
+
+
+@dataclass(frozen=True)
+class HeadGeometry:
+    """Head geometry of one attention module.
+
+    Attributes:
+        hidden: D, the input width of q/k/v (and output width of o).
+        n_heads: H, number of query heads.
+        n_kv_heads: H_kv, number of key/value heads (H_kv < H under GQA/MQA; H divisible by H_kv).
+        head_dim: d.
+    """
+
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    def heads_for(self, role: str) -> int:
+        return self.n_kv_heads if role in ("k", "v") else self.n_heads
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One role (``"q"``, ``"k"``, ``"v"`` or ``"o"``) of one attention module.
+
+    Head h of a q/k/v role occupies positions ``offset + h * stride`` … ``+ head_dim`` of the module's *output* axis
+    (contiguous: ``stride = head_dim``; per-head interleaved ``[q_h; k_h; v_h]``: ``stride = 3 * head_dim``).
+    Head h of the ``"o"`` role occupies the same positions of the module's *input* axis.
+
+    Attributes:
+        module: the module computing ``y = x·W (+ b)`` for this role (the fused module for fused layouts).
+        role: ``"q"``, ``"k"``, ``"v"`` or ``"o"``.
+        n_heads: heads of this role (KV heads for k/v under GQA).
+        head_dim: d.
+        storage: ``"linear"`` (weight is (out, in)) or ``"conv1d"`` (weight is (in, out)).
+        offset, stride: see above.
+    """
+
+    module: nn.Module
+    role: str
+    n_heads: int
+    head_dim: int
+    storage: str
+    offset: int = 0
+    stride: int | None = None
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.module.weight
+
+    @property
+    def bias(self) -> nn.Parameter | None:
+        return getattr(self.module, "bias", None)
+
+    def _starts(self) -> Iterator[int]:
+        stride = self.head_dim if self.stride is None else self.stride
+        return (self.offset + h * stride for h in range(self.n_heads))
+
+    @property
+    def head_axis(self) -> int:
+        """Axis of `weight` along which the heads lie (output axis for q/k/v, input axis for o)."""
+        out_axis = 0 if self.storage == "linear" else 1
+        return out_axis if self.role in QKV_ROLES else 1 - out_axis
+
+    def heads(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Per-head writable views of ``t`` (shaped like `weight`) in math orientation.
+
+        Returns (D, d) views for q/k/v and (d, D) views for o.
+        """
+        views = [t.narrow(self.head_axis, start, self.head_dim) for start in self._starts()]
+        # nn.Linear stores the transpose of the math matrix; Conv1D stores it as is.
+        return [v.t() for v in views] if self.storage == "linear" else views
+
+    def bias_heads(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Per-head (d,) views of ``t`` shaped like `bias` (q/k/v roles only)."""
+        if self.role not in QKV_ROLES:
+            raise LayoutError("bias_heads is defined for the q, k and v roles only.")
+        return [t.narrow(0, start, self.head_dim) for start in self._starts()]
+
+    def linear(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``x·t`` in this module's storage convention, over the whole tensor ``t`` shaped like `weight`."""
+        return F.linear(x, t) if self.storage == "linear" else x @ t
+
+
+class AttentionLayout:
+    """Base class of layout adapters: one instance per family, selected by ``config.model_type``.
+
+    Subclasses implement `_is_attention_block` and `_projections`. ``core`` names the submodule (dotted path,
+    ``""`` = the block itself) that calls HF's attention interface: attention-variant holders attach there.
+    """
+
+    name: str = "base"
+    core: str = ""
+
+    def _is_attention_block(self, module: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def _projections(self, module: nn.Module, g: HeadGeometry) -> dict[str, Projection]:
+        raise NotImplementedError
+
+    def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The attention blocks of ``model`` in model order; the list index is the layer ordinal."""
+        return [(name, m) for name, m in model.named_modules() if self._is_attention_block(m)]
+
+    def core_module(self, module: nn.Module) -> nn.Module:
+        """The submodule of attention block ``module`` that runs the attention function."""
+        return module.get_submodule(self.core) if self.core else module
+
+    def projections(self, module: nn.Module, geometry: HeadGeometry | None = None) -> dict[str, Projection]:
+        """Map ``"q"``, ``"k"``, ``"v"``, ``"o"`` to the `Projection` of attention block ``module``.
+
+        Without ``geometry`` it is read from the ``config`` attribute of the block (or of its core module).
+        """
+        if geometry is None:
+            geometry = self.geometry(module, self._module_config(module))
+        return self._projections(module, geometry)
+
+    def _module_config(self, module: nn.Module):
+        for m in (module, self.core_module(module)):
+            if getattr(m, "config", None) is not None:
+                return m.config
+        raise LayoutError(
+            f"{type(module).__name__} has no `config` attribute; pass the geometry explicitly "
+            "(layout.projections(module, layout.geometry(module, model.config)))."
+        )
+
+    def geometry(self, module: nn.Module, config) -> HeadGeometry:
+        """Head geometry from the (text) config, checked against the real projection shapes."""
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        hidden = config.hidden_size
+        n_heads = config.num_attention_heads
+        n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+        head_dim = getattr(config, "head_dim", None)
+        if head_dim is None:
+            if hidden % n_heads:
+                raise LayoutError(
+                    f"{type(module).__name__}: hidden size {hidden} is not divisible by {n_heads} heads, so the "
+                    "head dimension is undefined; set config.head_dim or fix the head count."
+                )
+            head_dim = hidden // n_heads
+        if n_heads % n_kv:
+            raise LayoutError(f"{n_heads} query heads are not a multiple of {n_kv} key/value heads.")
+        geometry = HeadGeometry(hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim)
+        self._check_shapes(module, geometry)
+        return geometry
+
+    def _check_shapes(self, module: nn.Module, g: HeadGeometry) -> None:
+        """The non-head axis of every weight must be D, and each head axis must be tiled exactly by its heads."""
+        projs = self._projections(module, g)
+        tiled: dict[tuple[int, int], int] = {}
+        for role, p in projs.items():
+            if _full_shape(p.weight)[1 - p.head_axis] != g.hidden:
+                self._shape_error(module, role, p, g)
+            key = (id(p.module), p.head_axis)
+            tiled[key] = tiled.get(key, 0) + p.n_heads * g.head_dim
+        for role, p in projs.items():
+            if tiled[(id(p.module), p.head_axis)] != _full_shape(p.weight)[p.head_axis]:
+                self._shape_error(module, role, p, g)
+
+    def _shape_error(self, module: nn.Module, role: str, proj: Projection, g: HeadGeometry) -> None:
+        raise LayoutError(
+            f"{type(module).__name__} ({role}): weight of shape {tuple(_full_shape(proj.weight))} does not hold "
+            f"{proj.n_heads} heads of dimension {g.head_dim} over hidden size {g.hidden} in the {self.name!r} "
+            "layout. Check config.num_attention_heads / num_key_value_heads / head_dim, or register a layout "
+            "that matches this model with hf_condinit.register_layout(model_type, layout, overwrite=True)."
+        )

@@ -1,0 +1,28 @@
+"""``config.model_type`` → layout adapter (peft's ``constants.py`` analogue)."""
+
+from __future__ import annotations
+
+from ..registry import register_layout
+from .fused import Gpt2FusedLayout, InterleavedQKVLayout
+from .separate import SeparateQKVLayout
+
+_BERT_LIKE = SeparateQKVLayout(
+    q="self.query", k="self.key", v="self.value", o="output.dense", core="self", name="bert_separate"
+)
+# Llama / Mistral / Qwen2 (with GQA) and, in transformers 5, ViT / DeiT share the q_proj/k_proj/v_proj/o_proj names.
+_QKVO_PROJ = SeparateQKVLayout(q="q_proj", k="k_proj", v="v_proj", o="o_proj", name="qkvo_proj")
+
+MODEL_TYPE_TO_LAYOUT = {
+    "gpt2": Gpt2FusedLayout(),
+    "bert": _BERT_LIKE,
+    "roberta": _BERT_LIKE,
+    "vit": _QKVO_PROJ,
+    "deit": _QKVO_PROJ,
+    "llama": _QKVO_PROJ,
+    "mistral": _QKVO_PROJ,
+    "qwen2": _QKVO_PROJ,
+    "gpt_neox": InterleavedQKVLayout(),
+}
+
+for _model_type, _layout in MODEL_TYPE_TO_LAYOUT.items():
+    register_layout(_model_type, _layout)

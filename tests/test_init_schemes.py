@@ -1,0 +1,212 @@
+"""Init schemes on every layout, fp32 and bf16, against independent references.
+
+Tolerances: fp32 ‖WᵀW − I‖_max ≤ 1e-5; bf16 ≤ 2e-2 (bf16 keeps 8 mantissa bits: entries of a D=32 semi-orthogonal
+block carry ~2⁻⁹ relative error, summed over D terms in WᵀW).
+"""
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    GPT2LMHeadModel,
+)
+
+import hf_condinit
+from hf_condinit.init.functional import mimetic_target
+from hf_condinit.layouts import get_layout
+from utils import MINI_CONFIGS, mini_config
+
+DTYPES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+SEED_STRIDE = 1_000_003  # documented in hf_condinit.api
+
+
+def build(model_type, condinit=None, dtype=torch.float32, global_seed=0, **kw):
+    torch.manual_seed(global_seed)
+    kwargs = {"dtype": dtype, **kw}
+    if condinit is not None:
+        kwargs["condinit"] = condinit
+    return AutoModel.from_config(mini_config(model_type), **kwargs)
+
+
+def qkv_param_names(model):
+    layout = get_layout(model)
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    names = set()
+    for _, block in layout.attention_modules(model):
+        for role, proj in layout.projections(block).items():
+            if role != "o":
+                names |= {by_id[id(t)] for t in (proj.weight, proj.bias) if t is not None}
+    return names
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("model_type", sorted(MINI_CONFIGS))
+def test_conditioned_properties(model_type, dtype):
+    tol = DTYPES[dtype]
+    model = build(model_type, {"method": "conditioned", "seed": 0}, dtype)
+    layout = get_layout(model)
+    for _, block in layout.attention_modules(model):
+        projs = layout.projections(block)
+        for role in ("q", "k"):
+            heads = projs[role].heads(projs[role].weight)
+            for w in heads:
+                assert w.dtype == dtype
+                gram = w.float().T @ w.float()
+                assert (gram - torch.eye(w.shape[1])).abs().max() <= tol
+            # fresh draws: no two heads equal
+            assert not torch.equal(heads[0], heads[-1]) or len(heads) == 1
+        d = projs["v"].head_dim
+        for j, w in enumerate(projs["v"].heads(projs["v"].weight)):
+            expected = torch.zeros_like(w)
+            expected[j * d + torch.arange(d), torch.arange(d)] = 1
+            assert torch.equal(w, expected), f"V head {j} is not the block identity"
+        for role in ("q", "k", "v"):
+            if projs[role].bias is not None:
+                assert torch.count_nonzero(projs[role].bias) == 0
+    # every other parameter is exactly the default init for the same global seed
+    default = build(model_type, None, dtype)
+    touched = qkv_param_names(model)
+    assert touched
+    ours, ref = dict(model.named_parameters()), dict(default.named_parameters())
+    for name, p in ref.items():
+        if name in touched:
+            continue
+        assert torch.equal(ours[name], p), f"{name} differs from the default init"
+    assert any(not torch.equal(ours[n], ref[n]) for n in touched)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "gpt_neox"])
+def test_value_init_per_head_and_gains(model_type):
+    model = build(model_type, {"method": "conditioned", "seed": 1, "value_init": "per_head", "qk_gain": 0.5,
+                               "v_gain": 0.25})
+    layout = get_layout(model)
+    _, block = layout.attention_modules(model)[0]
+    projs = layout.projections(block)
+    d = projs["v"].head_dim
+    for w in projs["v"].heads(projs["v"].weight):
+        expected = torch.zeros_like(w)
+        expected[torch.arange(d), torch.arange(d)] = 0.25
+        assert torch.equal(w, expected)
+    w = projs["q"].heads(projs["q"].weight)[0]
+    torch.testing.assert_close(w.T @ w, 0.25 * torch.eye(d), atol=1e-5, rtol=0)
+
+
+def _rank_truncation(a: np.ndarray, r: int) -> np.ndarray:
+    u, s, vh = np.linalg.svd(a)
+    return (u[:, :r] * s[:r]) @ vh[:r]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("model_type", sorted(MINI_CONFIGS))
+def test_mimetic_products_match_svd_targets(model_type, dtype):
+    seed = 3
+    opts = {"method": "mimetic", "seed": seed}
+    model = build(model_type, opts, dtype)
+    cfg = hf_condinit.CondInitConfig(**opts)
+    layout = get_layout(model)
+    tol = 1e-4 if dtype == torch.float32 else 6e-2
+    for ordinal, (_, block) in enumerate(layout.attention_modules(model)):
+        g = layout.geometry(block, model.config)
+        projs = layout.projections(block, g)
+        gen = torch.Generator().manual_seed(seed * SEED_STRIDE + ordinal)
+        qk = [mimetic_target(g.hidden, cfg.mimetic_alpha1, cfg.mimetic_beta1, 1, cfg.mimetic_dist, gen)
+              for _ in range(g.n_heads)]
+        vo = mimetic_target(g.hidden, cfg.mimetic_alpha2, cfg.mimetic_beta2, -1, cfg.mimetic_dist, gen)
+        group = g.n_heads // g.n_kv_heads
+        q_heads = projs["q"].heads(projs["q"].weight.detach())
+        k_heads = projs["k"].heads(projs["k"].weight.detach())
+        for h in range(0, g.n_heads, group):
+            product = (q_heads[h].double() @ k_heads[h // group].double().T).numpy()
+            np.testing.assert_allclose(product, _rank_truncation(qk[h].double().numpy(), g.head_dim), atol=tol)
+        v_heads = projs["v"].heads(projs["v"].weight.detach())
+        o_heads = projs["o"].heads(projs["o"].weight.detach())
+        vo_product = sum(v_heads[h // group].double() @ o_heads[h].double() for h in range(g.n_heads)).numpy()
+        np.testing.assert_allclose(
+            vo_product, _rank_truncation(vo.double().numpy(), g.n_kv_heads * g.head_dim), atol=tol
+        )
+        # the identity terms are visible in the products: trace ≈ +β1·D for QK (full rank) and −β2·D for VO
+        if g.n_kv_heads * g.head_dim == g.hidden:
+            assert vo_product.trace() < 0
+
+
+def test_same_seed_same_weights_across_head_classes_and_apply_init():
+    config = mini_config("gpt2")
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(config, condinit={"method": "conditioned", "seed": 7})
+    torch.manual_seed(123)
+    base = AutoModel.from_config(config, condinit={"method": "conditioned", "seed": 7})
+    assert torch.equal(lm.transformer.h[1].attn.c_attn.weight, base.h[1].attn.c_attn.weight)
+    torch.manual_seed(0)
+    plain = AutoModelForCausalLM.from_config(config)
+    report = hf_condinit.apply_init(plain, "conditioned", seed=7)
+    assert torch.equal(plain.transformer.h[0].attn.c_attn.weight, lm.transformer.h[0].attn.c_attn.weight)
+    assert report.layout == "gpt2_fused" and len(report.layers) == 2
+    assert report.layers[0]["written"] == ["q", "k", "v"] and report.layers[0]["name"] == "transformer.h.0.attn"
+    assert plain.config.condinit["seed"] == 7
+    other = AutoModel.from_config(config, condinit={"method": "conditioned", "seed": 8})
+    assert not torch.equal(other.h[0].attn.c_attn.weight, base.h[0].attn.c_attn.weight)
+
+
+def test_seed_none_records_the_global_seed():
+    torch.manual_seed(42)
+    model = AutoModel.from_config(mini_config("gpt2"), condinit=True)
+    assert model.config.condinit["seed"] == 42
+    assert model.config.condinit["method"] == "conditioned"
+    assert model.config.condinit["layout"] == "gpt2_fused"
+    assert model.config.condinit["hf_condinit_version"] == hf_condinit.__version__
+
+
+@pytest.mark.parametrize(
+    "value, method",
+    [(True, "conditioned"), ("conditioned", "conditioned"), ("mimetic", "mimetic"), ("default", "default"),
+     ({"method": "conditioned", "value_init": "per_head", "seed": 0}, "conditioned")],
+)
+def test_condinit_spellings(value, method):
+    model = AutoModelForMaskedLM.from_config(mini_config("bert"), condinit=value)
+    assert model.config.condinit["method"] == method
+
+
+@pytest.mark.parametrize("value", [False, None])
+def test_condinit_off(value):
+    torch.manual_seed(0)
+    off = AutoModelForSequenceClassification.from_config(mini_config("bert", num_labels=3), condinit=value)
+    torch.manual_seed(0)
+    plain = AutoModelForSequenceClassification.from_config(mini_config("bert", num_labels=3))
+    assert getattr(off.config, "condinit", None) is None
+    for (n, a), b in zip(off.named_parameters(), plain.parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_default_method_leaves_weights_untouched():
+    torch.manual_seed(0)
+    ours = AutoModel.from_config(mini_config("llama"), condinit="default")
+    torch.manual_seed(0)
+    plain = AutoModel.from_config(mini_config("llama"))
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), plain.parameters()))
+
+
+def test_concrete_class_from_config_and_user_config_not_mutated():
+    config = mini_config("gpt2")
+    model = GPT2LMHeadModel._from_config(config, condinit="mimetic")
+    assert model.config.condinit["method"] == "mimetic"
+    assert getattr(config, "condinit", None) is None
+    again = GPT2LMHeadModel._from_config(config)
+    assert getattr(again.config, "condinit", None) is None
+
+
+@pytest.mark.parametrize(
+    "value, pattern",
+    [("orthogonalish", r"Unknown condinit method 'orthogonalish'; accepted: 'default', 'mimetic', 'conditioned'"),
+     ({"method": "conditioned", "qk_scale": 2.0}, r"Unknown condinit option\(s\) \['qk_scale'\]. Accepted options"),
+     ({"method": "conditioned", "value_init": "diag"}, r"value_init 'diag'; accepted: 'block', 'per_head'"),
+     (3.5, r"condinit must be True/False/None")],
+)
+def test_bad_condinit_values(value, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        AutoModel.from_config(mini_config("gpt2"), condinit=value)
+    with pytest.raises(ValueError, match=pattern):
+        hf_condinit.apply_init(AutoModel.from_config(mini_config("gpt2")), value)
