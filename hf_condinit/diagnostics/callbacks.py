@@ -1,0 +1,262 @@
+"""Trainer callback logging the attention-Jacobian condition number during training (METHODS.md §6, DESIGN §7.3.6).
+
+The callback only schedules and logs; the math is :func:`hf_condinit.diagnostics.attention_jacobian_condition_number`.
+
+Logging. In transformers 5.24 ``Trainer`` orders its callbacks ``DefaultFlowCallback``, then the ``report_to``
+integrations, then the user's callbacks, and ``Trainer.log`` appends ``{**logs, "step": ...}`` to
+``state.log_history`` *before* calling ``on_log``. Neither ``control.should_log = True`` (the trainer then logs its own
+loss dict, not ours) nor mutating ``logs`` inside ``on_log`` (the reporters and ``log_history`` have already seen it)
+delivers our values. What works is calling ``trainer.log(metrics)`` from the callback, which needs the trainer::
+
+    callback = ConditionNumberCallback(dataset=train_dataset, every_n_steps=100)
+    trainer = Trainer(..., callbacks=[callback])
+    callback.bind(trainer)            # or ConditionNumberCallback(..., trainer=trainer) after the trainer exists
+
+``trainer.log`` adds ``epoch`` and ``step`` and reaches every ``report_to`` integration and ``state.log_history``.
+An unbound callback still measures: it appends the entry to ``state.log_history`` itself and warns once that the
+``report_to`` integrations do not see it. Every measurement is also appended to a JSONL file (one object per line:
+``step``, ``epoch``, the flat log dict under ``"log"``, and the per-layer / per-head report under ``"layers"``).
+
+Scheduling: step 0 at ``on_train_begin`` (skipped when resuming at a step that is not a multiple of the interval),
+then ``on_step_end`` whenever ``state.global_step % every_n_steps == 0``; never twice for the same step. Only the
+world-process-zero computes and logs; under ZeRO-3 (parameters carrying ``ds_id``) every rank runs the probe forward
+and the parameter gathering, which are collective.
+
+Cost (default probe 2 × 32 tokens, all layers and heads, ``method="eig"``): G is (2·32·d)² per head; on a 4-layer,
+256-wide, 4-head GPT-2 (d = 64, G 4096², 16 heads) one measurement costs 16 float64 ``eigvalsh`` of 4096² (3.4 s
+each on 2 idle CPU cores, so about a minute in all; building G is ~0.3 s + 2 s per head). Measured: 622 s on 2 cores
+shared with other jobs (load average ~9). Use ``layers=`` / ``heads=``, a shorter probe (2 × 16: G 2048², ~8× less)
+or ``device="model"`` (the eigenproblems on the GPU) to cut it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Optional, Sequence
+
+import torch
+from transformers import TrainerCallback
+
+from .probes import _unwrap, attention_jacobian_condition_number, resolve_causal
+
+__all__ = ["ConditionNumberCallback", "build_probe"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_probe(dataset, probe_size: int = 2, probe_length: int = 32, *, distinct_first_tokens: bool = True,
+                pad_token_id: int = 0, scan: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed probe batch from the first examples of a dataset with an ``input_ids`` column.
+
+    Each probe row is a window of ``probe_length`` tokens of one example (right-padded with ``pad_token_id`` and
+    masked when the example is shorter). With ``distinct_first_tokens`` (for causal models), examples are scanned
+    in order (at most ``scan``) and each window starts at the first offset whose token differs from the first tokens
+    already chosen, so that no two rows share a prefix (rows of J would repeat; METHODS.md §6).
+
+    Args:
+        dataset: a sequence of dicts (``datasets.Dataset`` or list) with ``input_ids`` (list or tensor).
+        probe_size (`int`, *optional*, defaults to 2): number of sequences.
+        probe_length (`int`, *optional*, defaults to 32): tokens per sequence.
+        distinct_first_tokens (`bool`, *optional*, defaults to `True`): see above.
+        pad_token_id (`int`, *optional*, defaults to 0): id used for padding (masked out anyway).
+        scan (`int`, *optional*, defaults to 256): examples looked at before giving up on distinct first tokens.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: ``input_ids`` and ``attention_mask``, both ``(probe_size, probe_length)``.
+    """
+    rows, firsts = [], set()
+    fallback = []
+    n = len(dataset)
+    for idx in range(min(n, scan)):
+        ids = dataset[idx]["input_ids"]
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if not ids:
+            continue
+        if len(fallback) < probe_size:
+            fallback.append(ids[:probe_length])
+        if distinct_first_tokens:
+            full = [o for o in range(len(ids) - probe_length + 1) if ids[o] not in firsts]
+            offset = full[0] if full else (0 if ids[0] not in firsts else None)
+            if offset is None:
+                continue
+            window = ids[offset:offset + probe_length]
+            firsts.add(window[0])
+        else:
+            window = ids[:probe_length]
+        rows.append(window)
+        if len(rows) == probe_size:
+            break
+    if len(rows) < probe_size:
+        if len(fallback) < probe_size:
+            raise ValueError(f"the dataset has fewer than {probe_size} non-empty examples for the probe")
+        logger.warning("could not find %d examples with distinct first tokens; using the first ones", probe_size)
+        rows = fallback
+    input_ids = torch.full((probe_size, probe_length), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((probe_size, probe_length), dtype=torch.long)
+    for b, w in enumerate(rows):
+        input_ids[b, :len(w)] = torch.tensor(w, dtype=torch.long)
+        mask[b, :len(w)] = 1
+    return input_ids, mask
+
+
+class ConditionNumberCallback(TrainerCallback):
+    """Measure κ of the attention Jacobian on a fixed probe at an interval and log it (module docstring).
+
+    Args:
+        probe_input_ids (`torch.Tensor`, *optional*): ``(B, N)`` probe. At most one of it and ``dataset``.
+        probe_attention_mask (`torch.Tensor`, *optional*): ``(B, N)``, 1 = real token.
+        dataset (*optional*): dataset with ``input_ids``; the probe is built lazily from its first examples by
+            :func:`build_probe` (distinct first tokens when the model is causal). With neither argument, the bound
+            trainer's ``train_dataset`` is used.
+        probe_size (`int`, *optional*, defaults to 2), probe_length (`int`, *optional*, defaults to 32): probe shape
+            when built from ``dataset``.
+        every_n_steps (`int`, *optional*, defaults to 100): interval in optimizer steps (0: only step 0).
+        layers (`Sequence[int]`, *optional*): layer ordinals (default: all).
+        heads (`Sequence[int]`, *optional*): query heads (default: all).
+        method (`str`, *optional*, defaults to ``"eig"``), include_unmasked (`bool`, *optional*, defaults to
+            `False`), rtol (`float`, *optional*): passed to ``attention_jacobian_condition_number``.
+        jsonl_path (`str`, *optional*): defaults to ``<output_dir>/condition_number.jsonl``.
+        prefix (`str`, *optional*, defaults to ``"kappa"``): metric-name prefix.
+        at_train_begin (`bool`, *optional*, defaults to `True`): measure at step 0.
+        trainer (`transformers.Trainer`, *optional*): same as calling :meth:`bind`.
+        device (`str`, *optional*): where the eigenproblems run (default CPU; ``"model"`` = the model's device, e.g.
+            the GPU: much faster than 2 CPU cores).
+    """
+
+    def __init__(
+        self,
+        probe_input_ids: Optional[torch.Tensor] = None,
+        probe_attention_mask: Optional[torch.Tensor] = None,
+        *,
+        dataset=None,
+        probe_size: int = 2,
+        probe_length: int = 32,
+        every_n_steps: int = 100,
+        layers: Optional[Sequence[int]] = None,
+        heads: Optional[Sequence[int]] = None,
+        method: str = "eig",
+        include_unmasked: bool = False,
+        rtol: Optional[float] = None,
+        jsonl_path: Optional[str] = None,
+        prefix: str = "kappa",
+        at_train_begin: bool = True,
+        trainer=None,
+        device=None,
+    ):
+        if probe_input_ids is not None and dataset is not None:
+            raise ValueError("pass at most one of probe_input_ids= (a fixed (B, N) probe) or dataset= (to build one)")
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
+        self.probe_input_ids = probe_input_ids
+        self.probe_attention_mask = probe_attention_mask
+        self.dataset = dataset
+        self.probe_size, self.probe_length = probe_size, probe_length
+        self.every_n_steps = every_n_steps
+        self.layers, self.heads = layers, heads
+        self.method, self.include_unmasked, self.rtol = method, include_unmasked, rtol
+        self.jsonl_path = jsonl_path
+        self.device = device
+        self.prefix = prefix
+        self.at_train_begin = at_train_begin
+        self.trainer = None
+        self._last_step: Optional[int] = None
+        self._warned_unbound = False
+        self.last_report = None
+        if trainer is not None:
+            self.bind(trainer)
+
+    def bind(self, trainer) -> "ConditionNumberCallback":
+        """Keep a reference to ``trainer`` so that measurements go through ``trainer.log`` (reaches ``report_to``)."""
+        self.trainer = trainer
+        return self
+
+    # -- probe -----------------------------------------------------------------------------------------------------
+
+    def _probe(self, model):
+        if self.probe_input_ids is None:
+            from ..layouts import get_layout
+
+            if self.dataset is None:
+                self.dataset = getattr(self.trainer, "train_dataset", None)
+                if self.dataset is None:
+                    raise ValueError("ConditionNumberCallback has no probe: pass probe_input_ids= or dataset=, or bind "
+                                     "it to a Trainer that has a train_dataset")
+
+            blocks = get_layout(model).attention_modules(model)
+            causal = bool(blocks) and resolve_causal(model, blocks[0][1], get_layout(model))
+            pad = getattr(model.config, "pad_token_id", None)
+            self.probe_input_ids, self.probe_attention_mask = build_probe(
+                self.dataset, self.probe_size, self.probe_length, distinct_first_tokens=causal,
+                pad_token_id=0 if pad is None else int(pad),
+            )
+        return self.probe_input_ids, self.probe_attention_mask
+
+    # -- events ----------------------------------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.at_train_begin and (self.every_n_steps == 0 and state.global_step == 0
+                                    or self.every_n_steps and state.global_step % self.every_n_steps == 0):
+            self._measure(args, state, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
+            self._measure(args, state, model)
+
+    # -- work ------------------------------------------------------------------------------------------------------
+
+    def _measure(self, args, state, model):
+        if model is None:
+            if self.trainer is None:
+                raise RuntimeError("ConditionNumberCallback got no model; bind it to the trainer")
+            model = self.trainer.model
+        if self._last_step == state.global_step:
+            return
+        model = _unwrap(model)
+        zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
+        is_main = state.is_world_process_zero
+        if not is_main and not zero3:
+            return
+        self._last_step = state.global_step
+        input_ids, attention_mask = self._probe(model)
+        report = attention_jacobian_condition_number(
+            model, input_ids, attention_mask, layers=self.layers, heads=self.heads, method=self.method,
+            include_unmasked=self.include_unmasked, rtol=self.rtol, compute=is_main, device=self.device,
+        )
+        if not is_main:
+            return
+        self.last_report = report
+        metrics = report.to_log_dict(self.prefix)
+        self._write_jsonl(args, state, metrics, report)
+        if self.trainer is not None:
+            self.trainer.log(dict(metrics))
+        else:
+            if not self._warned_unbound:
+                logger.warning(
+                    "ConditionNumberCallback is not bound to a Trainer: kappa goes to state.log_history and %s but "
+                    "not to the report_to integrations. Call callback.bind(trainer).", self._path(args))
+                self._warned_unbound = True
+            entry = dict(metrics)
+            if state.epoch is not None:
+                entry["epoch"] = state.epoch
+            state.log_history.append({**entry, "step": state.global_step})
+
+    def _path(self, args) -> str:
+        return self.jsonl_path or os.path.join(args.output_dir, "condition_number.jsonl")
+
+    def _write_jsonl(self, args, state, metrics, report) -> None:
+        path = self._path(args)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        record = {"step": state.global_step, "epoch": state.epoch, "log": metrics, **report.to_dict()}
+        with open(path, "a") as f:
+            f.write(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
+
+
+def _json_default(o):
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    return str(o)

@@ -1,0 +1,524 @@
+"""Condition number of the attention Jacobian with respect to the query, key and value weights.
+
+Pure tensor functions: no model, layout or Trainer knowledge (METHODS.md §6; Saratchandran & Lucey, "Conditioned
+Initialization for Attention", Figures 1 and 3).
+
+Notation (the papers' row-vector convention). One head, one sequence::
+
+    X ∈ R^{N×D}                      the attention input (the normalised hidden state that feeds q/k/v)
+    Q = X W_Q + b_Q,  K = X W_K + b_K,  V = X W_V + b_V      W_* ∈ R^{D×d}  (math orientation)
+    S = scaling · Q Kᵀ + mask,  P = softmax_rows(S),  A = P V ∈ R^{N×d}
+    J = ∂ vec(A) / ∂ (vec W_Q, vec W_K, vec W_V)              (X and the biases are held fixed)
+
+**vec convention** (column-major, the standard one of Kronecker identities): ``vec(M)`` stacks the columns of
+``M``, so entry ``M[r, c]`` of an ``R×C`` matrix sits at ``c·R + r``. Hence ``∂vec(A)/∂vec(W_V) = I_d ⊗ (P X)``
+exactly. For a batch of probe sequences ``X ∈ R^{B×N×D}`` the rows of J stack over the sequences
+(sequence-major): sequence ``b`` contributes ``vec(A_b[valid queries])``, so its rows are at
+``offset_b + j·N_b + n``. Columns are ``[vec W_Q | vec W_K | vec W_V]``, column ``i·D + a`` of a block being entry
+``W[a, i]``.
+
+Closed form (used by :func:`attention_head_gram`, checked against autograd in the tests). With ``Λ(p) =
+Diag(p) − p pᵀ`` the Jacobian of a softmax row, write for query token ``t``
+``C_t = Λ(p_t) V`` (so ``C_t[l, j] = P[t, l] (V[l, j] − A[t, j])``), ``M_t = Kᵀ C_t ∈ R^{d×d}`` and
+``R_t = Xᵀ C_t ∈ R^{D×d}``. Then, with ``s`` the scaling and tokens ``t, u`` ranging over every valid query of
+every probe sequence::
+
+    J_Q[(t,j), (i,a)] = s · X[t,a] · M_t[i,j]          J_Q J_Qᵀ = s² (X Xᵀ)[t,u] · (M_tᵀ M_u)[j,k]
+    J_K[(t,j), (i,a)] = s · Q[t,i] · R_t[a,j]          J_K J_Kᵀ = s² (Q Qᵀ)[t,u] · (R_tᵀ R_u)[j,k]
+    J_V[(t,j), (i,a)] = δ_ij · (P X)[t,a]              J_V J_Vᵀ = ((P X)(P X)ᵀ)[t,u] · δ_jk
+
+and ``G = J Jᵀ = J_Q J_Qᵀ + J_K J_Kᵀ + J_V J_Vᵀ`` (``(Σ_b N_b d)²``, float64). (Cross-sequence entries of X Xᵀ etc.
+are real: every sequence sees the same weights.) The closed form matches
+``torch.autograd.functional.jacobian`` to ~1e-15 and avoids materialising J, whose width ``3·D·d`` is ~12× its
+height for the default probe on a 256-wide model.
+
+Condition number: ``κ(J) = sqrt(λ_max / λ_min⁺)`` over the eigenvalues of G, where ``λ_min⁺`` is the smallest
+eigenvalue ``> rtol · λ_max`` (``method="eig"``, default ``rtol = 1e-12``, so κ values above ~1e6 cannot be
+resolved this way), or ``σ_max / σ_min⁺`` over the singular values of the explicit J (``method="svd"``, float64,
+default ``rtol`` on the λ = σ² scale ``(max(m, n)·eps)²``, i.e. the numpy ``matrix_rank`` tolerance on σ; it
+resolves κ up to ~1e12 but needs J in memory: small probes only).
+
+Choice: ``saturated`` means *more eigenvalues fell under the tolerance than the a-priori rank deficit*
+``n_structural = n_rows − min(n_rows, n_cols − n_null)`` of J, where ``n_null`` counts the parameter directions that
+never change A: the gauge ``(W_Q, W_K) → (W_Q E, W_K E⁻ᵀ)`` (``d²`` directions, ``d² − d`` with a query bias) and,
+when the all-ones vector lies in the column space of the stacked X, the key shift ``X dW_K = 1 uᵀ`` (``d``). It is
+non-zero only for probes with more tokens than width (T·d > 3·D·d − n_null). In random trials with d < D it
+matched the exact rank every time; with d ≥ D (a single head as wide as the model) further coincidences can add
+exact zeros. The reported κ is then the condition number of the numerically resolvable part
+of J: the true pseudo-condition number is either larger (J is more ill-conditioned than float64 resolves — the
+typical case under a causal mask, where σ_min(J) is governed by σ_min(P X) and the lower-triangular P can reach
+κ(P) ~ 1e9) or equal (J is exactly rank-deficient: uniform attention, or probe sequences sharing a prefix under a
+causal mask, which duplicates rows of J). The diagnostic cannot tell these two apart; ``n_below_tol`` says how
+many eigenvalues were dropped, and ``method="svd"`` pushes the resolvable range from ~1e6 to ~1e12.
+
+Pseudo-condition numbers reported beside κ (each ``σ_max / σ_min⁺`` with ``σ_min⁺`` the smallest singular value
+``> max(shape)·eps·σ_max``):
+
+- ``kappa_x``: of the stacked valid tokens ``X ∈ R^{T×D}`` (T = number of valid tokens over all sequences);
+- ``kappa_px``: of the stacked ``P X ∈ R^{T×D}`` (rows of valid queries), the matrix in ``J_V = I_d ⊗ (P X)``;
+- ``kappa_p``: ``κ(softmax S)``: of P, taken as the block-diagonal over sequences of ``P_b[valid queries, valid
+  keys]`` (so its singular values are the union of those of the per-sequence blocks);
+- ``kappa_lambda``: ``κ(Λ(softmax S))``: of the row-wise softmax Jacobian ``∂vec(P)/∂vec(S)``, i.e. the
+  block-diagonal ``blockdiag_t Λ(p_t)`` over all valid query rows t of all sequences. Each Λ(p_t) is symmetric PSD
+  and singular (the constant vector and the masked keys are in its kernel); its non-zero eigenvalues, pooled over
+  rows, give σ_max / σ_min⁺. A row with a single visible key (the first token under a causal mask) has Λ = 0 and
+  contributes nothing;
+- ``kappa_wq``, ``kappa_wk``, ``kappa_wv``: of the (D, d) weights.
+
+The surrogate bound of METHODS.md §1 is then
+``bound = kappa_x**3 · kappa_lambda · kappa_wv · (kappa_wq + kappa_wk) + kappa_x · kappa_p``.
+
+What holds about the bound (checked in ``tests/test_diagnostics.py``): it is **not** a theorem for this J. Every
+factor is scale-invariant while κ(J) depends on the relative scale of the Q/K blocks (∝ s·|X|²·|W|²) and the V
+block (∝ |P X|). In random float64 trials (one head, N ≤ 8, D ≤ 9, d ≤ 3, X and W scales from 1e-2 to 20, causal
+or not) it failed in 20 of 114 cases where the probe has more tokens than width (T > D; 17 of 55 causal), never when T ≤ D
+(493 resolvable cases, worst κ/bound = 0.985 — so close that no claim is made). Proven, and tested:
+``λ_min(G) ≥ σ_min(P X)²`` when P X has full row rank (G ⪰ J_V J_Vᵀ) — this is why σ_min(P X) governs κ under
+a causal mask —, and with W_Q = W_K = 0 (uniform attention over the visible keys) ``κ(J) = κ(P X) ≤ κ(P)·κ(X)``
+(the bound's second term) when P is square and invertible (causal) and X has full row rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "HeadCondition",
+    "attention_probabilities",
+    "attention_head_output",
+    "attention_head_jacobian",
+    "attention_head_gram",
+    "pseudo_condition_number",
+    "softmax_jacobian_condition_number",
+    "condition_bound",
+    "head_condition_number",
+]
+
+_F64 = torch.float64
+DEFAULT_EIG_RTOL = 1e-12
+_SVD_MAX_ELEMENTS = 100_000_000  # 800 MB of float64
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# preparation and forward
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    X: torch.Tensor  # (B, N, D) float64
+    allowed: torch.Tensor  # (B, N, N) bool, query x key
+    query_valid: torch.Tensor  # (B, N) bool
+    key_valid: torch.Tensor  # (B, N) bool
+    batched: bool
+
+
+def _prepare(X, causal, key_padding_mask, attn_mask) -> _Prepared:
+    if X.dim() not in (2, 3):
+        raise ValueError(f"X must be (N, D) or (B, N, D), got shape {tuple(X.shape)}")
+    batched = X.dim() == 3
+    X = X.detach().to(device="cpu", dtype=_F64)
+    if not batched:
+        X = X.unsqueeze(0)
+    B, N, _ = X.shape
+    allowed = torch.ones(B, N, N, dtype=torch.bool)
+    if causal:
+        allowed &= torch.ones(N, N, dtype=torch.bool).tril()
+    if key_padding_mask is not None:
+        kpm = torch.as_tensor(key_padding_mask).detach().to("cpu").bool()
+        if kpm.dim() == 1:
+            kpm = kpm.unsqueeze(0)
+        if kpm.shape != (B, N):
+            raise ValueError(f"key_padding_mask must be (B, N) = {(B, N)} (or (N,) unbatched), got {tuple(kpm.shape)}")
+    else:
+        kpm = torch.ones(B, N, dtype=torch.bool)
+    allowed &= kpm[:, None, :]
+    if attn_mask is not None:
+        am = torch.as_tensor(attn_mask).detach().to("cpu")
+        if am.dtype != torch.bool:
+            raise ValueError("attn_mask must be a bool tensor (True = the query may attend to the key)")
+        allowed = allowed & am.expand(B, N, N)
+    query_valid = kpm.clone()
+    empty = query_valid & ~allowed.any(-1)
+    if empty.any():
+        b, n = empty.nonzero()[0].tolist()
+        raise ValueError(f"valid query {n} of sequence {b} sees no key under the mask; softmax is undefined")
+    if int(query_valid.sum()) == 0:
+        raise ValueError("the probe has no valid query token")
+    return _Prepared(X=X, allowed=allowed, query_valid=query_valid, key_valid=kpm, batched=batched)
+
+
+def _f64(t):
+    return None if t is None else t.detach().to(device="cpu", dtype=_F64)
+
+
+def _forward(prep: _Prepared, W_q, W_k, W_v, b_q, b_k, b_v, scaling):
+    X = prep.X
+    W_q, W_k, W_v = _f64(W_q), _f64(W_k), _f64(W_v)
+    for name, w in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
+        if w.dim() != 2 or w.shape[0] != X.shape[-1]:
+            raise ValueError(f"{name} must be (D, d) with D = {X.shape[-1]} (math orientation), got {tuple(w.shape)}")
+    Q = X @ W_q
+    K = X @ W_k
+    V = X @ W_v
+    if b_q is not None:
+        Q = Q + _f64(b_q)
+    if b_k is not None:
+        K = K + _f64(b_k)
+    if b_v is not None:
+        V = V + _f64(b_v)
+    S = float(scaling) * (Q @ K.transpose(-1, -2))
+    S = S.masked_fill(~prep.allowed, float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    P = torch.nan_to_num(P, nan=0.0)  # invalid (padded) query rows that see nothing; they are dropped anyway
+    A = P @ V
+    return Q, K, V, P, A, W_q, W_k, W_v
+
+
+def attention_probabilities(X, W_q, W_k, b_q=None, b_k=None, *, scaling, causal=False, key_padding_mask=None,
+                            attn_mask=None) -> torch.Tensor:
+    """The attention probabilities ``P = softmax(scaling · Q Kᵀ + mask)`` of one head, float64.
+
+    Args:
+        X (`torch.Tensor`): ``(N, D)`` or ``(B, N, D)`` attention input.
+        W_q, W_k (`torch.Tensor`): ``(D, d)`` weights in math orientation (``Q = X W_q + b_q``).
+        b_q, b_k (`torch.Tensor`, *optional*): ``(d,)`` biases.
+        scaling (`float`): logit scale, e.g. ``d ** -0.5``.
+        causal (`bool`, *optional*, defaults to `False`): lower-triangular mask.
+        key_padding_mask (`torch.Tensor`, *optional*): ``(B, N)`` (or ``(N,)``), 1/True = real token (HF's
+            ``attention_mask``). Padded keys are masked; padded queries get a zero row here.
+        attn_mask (`torch.Tensor`, *optional*): bool ``(N, N)`` or ``(B, N, N)``, True = may attend; combined by AND.
+
+    Returns:
+        `torch.Tensor`: ``(N, N)`` or ``(B, N, N)``.
+    """
+    prep = _prepare(X, causal, key_padding_mask, attn_mask)
+    d = W_q.shape[-1]
+    zeros = torch.zeros(prep.X.shape[-1], d, dtype=_F64)
+    P = _forward(prep, W_q, W_k, zeros, b_q, b_k, None, scaling)[3]
+    return P if prep.batched else P[0]
+
+
+def attention_head_output(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, scaling, causal=False,
+                          key_padding_mask=None, attn_mask=None) -> torch.Tensor:
+    """The head output ``A = softmax(scaling · Q Kᵀ + mask) V`` in float64 (differentiable in the weights).
+
+    Same arguments as :func:`attention_probabilities`. Rows of padded queries are zero. Unlike the other functions
+    of this module it keeps the autograd graph of the weights, so it serves as the brute-force reference.
+    """
+    prep = _prepare(X, causal, key_padding_mask, attn_mask)
+    X64 = prep.X
+    Q = X64 @ W_q.to(_F64)
+    K = X64 @ W_k.to(_F64)
+    V = X64 @ W_v.to(_F64)
+    if b_q is not None:
+        Q = Q + b_q.to(_F64)
+    if b_k is not None:
+        K = K + b_k.to(_F64)
+    if b_v is not None:
+        V = V + b_v.to(_F64)
+    S = (float(scaling) * (Q @ K.transpose(-1, -2))).masked_fill(~prep.allowed, float("-inf"))
+    P = torch.softmax(S, dim=-1).masked_fill(~prep.query_valid[..., None], 0.0)
+    A = P @ V
+    return A if prep.batched else A[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# closed-form blocks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Blocks:
+    scaling: float
+    Xt: torch.Tensor  # (T, D) valid query tokens
+    Qt: torch.Tensor  # (T, d)
+    Mt: torch.Tensor  # (T, d, d)  M_t = Kᵀ Λ(p_t) V
+    Rt: torch.Tensor  # (T, D, d)  R_t = Xᵀ Λ(p_t) V
+    PXt: torch.Tensor  # (T, D)
+    perm: torch.Tensor  # (T*d,) row order (sequence, j, n) -> index t*d + j of the (t, j) order
+    prep: _Prepared
+    P: torch.Tensor  # (B, N, N)
+    W: tuple  # (W_q, W_k, W_v) float64
+
+
+def _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask) -> _Blocks:
+    prep = _prepare(X, causal, key_padding_mask, attn_mask)
+    Q, K, V, P, A, W_q, W_k, W_v = _forward(prep, W_q, W_k, W_v, b_q, b_k, b_v, scaling)
+    X64 = prep.X
+    # C[b, n, l, j] = P[b, n, l] (V[b, l, j] - A[b, n, j])  =  (Λ(p_{b,n}) V)[l, j]
+    C = P[..., None] * (V[:, None, :, :] - A[:, :, None, :])
+    M = torch.einsum("bli,bnlj->bnij", K, C)
+    R = torch.einsum("bla,bnlj->bnaj", X64, C)
+    PX = P @ X64
+    qv = prep.query_valid
+    d = W_q.shape[1]
+    # row permutation: (t, j) order -> documented (sequence, j, n) order
+    tok_index = torch.full(qv.shape, -1, dtype=torch.long)
+    tok_index[qv] = torch.arange(int(qv.sum()))
+    perm = []
+    for b in range(qv.shape[0]):
+        ts = tok_index[b][qv[b]]
+        perm.append((ts[None, :] * d + torch.arange(d)[:, None]).reshape(-1))
+    return _Blocks(scaling=float(scaling), Xt=X64[qv], Qt=Q[qv], Mt=M[qv], Rt=R[qv], PXt=PX[qv],
+                   perm=torch.cat(perm), prep=prep, P=P, W=(W_q, W_k, W_v))
+
+
+def attention_head_jacobian(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, scaling, causal=False,
+                            key_padding_mask=None, attn_mask=None) -> torch.Tensor:
+    """The explicit Jacobian ``J = ∂vec(A)/∂(vec W_Q, vec W_K, vec W_V)`` in closed form, float64.
+
+    Rows and columns follow the module's vec convention (column-major, sequence-major stacking, valid queries only);
+    shape ``(Σ_b N_b·d, 3·D·d)``. The last ``D·d`` columns are ``I_d ⊗ (P X)`` for one sequence. Arguments as in
+    :func:`head_condition_number`. Materialises J: meant for small probes and tests.
+    """
+    blk = _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
+    T, D = blk.Xt.shape
+    d = blk.Qt.shape[1]
+    s = blk.scaling
+    Jq = s * torch.einsum("ta,tij->tjia", blk.Xt, blk.Mt)
+    Jk = s * torch.einsum("ti,taj->tjia", blk.Qt, blk.Rt)
+    Jv = torch.einsum("ta,ji->tjia", blk.PXt, torch.eye(d, dtype=_F64))
+    J = torch.cat([Jq.reshape(T * d, d * D), Jk.reshape(T * d, d * D), Jv.reshape(T * d, d * D)], dim=1)
+    return J[blk.perm]
+
+
+def _gram_from_blocks(blk: _Blocks, permute: bool = True, device=None) -> torch.Tensor:
+    T, D = blk.Xt.shape
+    d = blk.Qt.shape[1]
+    s2 = blk.scaling ** 2
+    Xt, Qt, Mt, Rt, PXt = (t.to(device) for t in (blk.Xt, blk.Qt, blk.Mt, blk.Rt, blk.PXt))
+    Mf = Mt.transpose(1, 2).reshape(T * d, d)  # row (t, j), col i
+    Rf = Rt.transpose(1, 2).reshape(T * d, D)  # row (t, j), col a
+    G = (Mf @ Mf.T).view(T, d, T, d)
+    G.mul_((s2 * (Xt @ Xt.T))[:, None, :, None])
+    RR = (Rf @ Rf.T).view(T, d, T, d)
+    RR.mul_((s2 * (Qt @ Qt.T))[:, None, :, None])
+    G.add_(RR)
+    del RR
+    PXPX = PXt @ PXt.T
+    idx = torch.arange(d, device=G.device)
+    G[:, idx, :, idx] += PXPX  # advanced indexing puts the j axis first: (d, T, T)
+    G = G.view(T * d, T * d)
+    if not permute:
+        return G
+    perm = blk.perm.to(G.device)
+    return G[perm][:, perm]
+
+
+def attention_head_gram(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, scaling, causal=False,
+                        key_padding_mask=None, attn_mask=None) -> torch.Tensor:
+    """``G = J Jᵀ`` in closed form (module docstring), float64, rows in the order of :func:`attention_head_jacobian`.
+
+    Arguments as in :func:`head_condition_number`.
+    """
+    blk = _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
+    return _gram_from_blocks(blk)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# condition numbers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _kappa_from_values(values: torch.Tensor, rtol: float) -> tuple[float, int]:
+    """σ_max / σ_min⁺ over non-negative `values` (singular values), σ_min⁺ the smallest > rtol·σ_max."""
+    values = values.abs()
+    if values.numel() == 0:
+        return float("nan"), 0
+    vmax = float(values.max())
+    if vmax == 0.0:
+        return float("nan"), int(values.numel())
+    kept = values[values > rtol * vmax]
+    return vmax / float(kept.min()), int(values.numel() - kept.numel())
+
+
+def pseudo_condition_number(M: torch.Tensor, rtol: Optional[float] = None) -> float:
+    """``σ_max / σ_min⁺`` of a matrix (or of the block-diagonal of a stack ``(..., m, n)``), float64.
+
+    Args:
+        M (`torch.Tensor`): a matrix, or a stack of blocks whose singular values are pooled.
+        rtol (`float`, *optional*, defaults to ``max(m, n) · eps``): singular values ``≤ rtol · σ_max`` are zero.
+
+    Returns:
+        `float`: the pseudo-condition number (``nan`` for a zero matrix).
+    """
+    M = M.detach().to("cpu", _F64)
+    if rtol is None:
+        rtol = max(M.shape[-2:]) * torch.finfo(_F64).eps
+    return _kappa_from_values(torch.linalg.svdvals(M).reshape(-1), rtol)[0]
+
+
+def softmax_jacobian_condition_number(P: torch.Tensor, rtol: Optional[float] = None) -> float:
+    """``κ(Λ(P))``: pseudo-condition number of the row-wise softmax Jacobian of probability rows ``P (..., N)``.
+
+    The Jacobian of a row-wise softmax is ``blockdiag_t Λ(p_t)`` with ``Λ(p) = Diag(p) − p pᵀ``; its singular values
+    are the pooled eigenvalues of the (symmetric PSD) blocks. Every row of ``P`` (any leading shape) is one block;
+    pass only the rows that count (valid queries).
+
+    Args:
+        P (`torch.Tensor`): probability rows, shape ``(..., N)``.
+        rtol (`float`, *optional*, defaults to ``N · eps``): eigenvalues ``≤ rtol · max`` count as zero.
+    """
+    P = P.detach().to("cpu", _F64).reshape(-1, P.shape[-1])
+    if rtol is None:
+        rtol = P.shape[-1] * torch.finfo(_F64).eps
+    L = torch.diag_embed(P) - P[:, :, None] * P[:, None, :]
+    return _kappa_from_values(torch.linalg.eigvalsh(L).reshape(-1), rtol)[0]
+
+
+def condition_bound(kappa_x, kappa_lambda, kappa_wq, kappa_wk, kappa_wv, kappa_p) -> float:
+    """The surrogate of METHODS.md §1: ``κ(X)³ κ(Λ) κ(W_V) (κ(W_Q) + κ(W_K)) + κ(X) κ(P)`` (not a theorem here)."""
+    return kappa_x ** 3 * kappa_lambda * kappa_wv * (kappa_wq + kappa_wk) + kappa_x * kappa_p
+
+
+@dataclass
+class HeadCondition:
+    """Condition diagnostics of one head on one probe (see the module docstring for every definition).
+
+    Attributes:
+        kappa: ``κ(J) = sqrt(λ_max / λ_min⁺)``.
+        lambda_max, lambda_min: ``λ_max`` and ``λ_min⁺`` of ``G = J Jᵀ`` (σ² for ``method="svd"``).
+        n_below_tol: eigenvalues of G (σ² of J) ``≤ rtol · λ_max``, excluded from κ.
+        n_structural: a-priori rank deficit (shape and parameter symmetries; module docstring).
+        saturated: ``n_below_tol > n_structural`` (κ is then a lower bound, or J is exactly rank-deficient).
+        rtol: the relative tolerance used, on the λ = σ² scale.
+        method: ``"eig"`` or ``"svd"``.
+        n_rows, n_cols: shape of J.
+        kappa_px, kappa_p, kappa_x, kappa_lambda, kappa_wq, kappa_wk, kappa_wv: pseudo-condition numbers.
+        bound: :func:`condition_bound` of those.
+        spectrum: the eigenvalues of G, ascending (only with ``return_spectrum=True``; left out of ``to_dict``).
+    """
+
+    kappa: float
+    lambda_max: float
+    lambda_min: float
+    n_below_tol: int
+    n_structural: int
+    saturated: bool
+    rtol: float
+    method: str
+    n_rows: int
+    n_cols: int
+    kappa_px: float
+    kappa_p: float
+    kappa_x: float
+    kappa_lambda: float
+    kappa_wq: float
+    kappa_wk: float
+    kappa_wv: float
+    bound: float
+    spectrum: Optional[torch.Tensor] = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("spectrum")
+        return out
+
+
+def _parameter_null_dim(blk: _Blocks, b_q) -> int:
+    """Directions of (W_Q, W_K, W_V) that leave A unchanged to first order, whatever the probe's size.
+
+    - gauge: ``dW_Q = W_Q E``, ``dW_K = −W_K Eᵀ`` changes S only by ``−1 (b_Qᵀ E Kᵀ)`` plus row-constant terms
+      (annihilated by the softmax), so it is a null direction for every ``E`` with ``b_Qᵀ E = 0``: ``d²`` of them
+      without a query bias, ``d² − d`` with one;
+    - key shift: ``X dW_K = 1 uᵀ`` (possible iff the all-ones vector is in the column space of the stacked X) adds
+      the same ``s q_t·u`` to every logit of a row: ``d`` more.
+    """
+    d = blk.Qt.shape[1]
+    bias = b_q is not None and bool(torch.as_tensor(b_q).detach().abs().max() > 0)
+    n = d * (d - 1) if bias else d * d
+    ones = torch.ones(blk.Xt.shape[0], 1, dtype=_F64)
+    coef = torch.linalg.lstsq(blk.Xt, ones, driver="gelsd").solution
+    if float((blk.Xt @ coef - ones).norm()) <= 1e-8 * math.sqrt(blk.Xt.shape[0]):
+        n += d
+    return n
+
+
+def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, scaling, causal=False,
+                          key_padding_mask=None, attn_mask=None, method: str = "eig", rtol: Optional[float] = None,
+                          return_spectrum: bool = False, x_rtol: Optional[float] = None,
+                          device=None) -> HeadCondition:
+    """κ of the attention Jacobian of one head w.r.t. ``(W_Q, W_K, W_V)``, with the side quantities and bound.
+
+    Args:
+        X (`torch.Tensor`): ``(N, D)`` or ``(B, N, D)`` attention input (the probe's sequences; J stacks over them).
+        W_q, W_k, W_v (`torch.Tensor`): ``(D, d)`` weights in math orientation (``Q = X W_q + b_q``).
+        b_q, b_k, b_v (`torch.Tensor`, *optional*): ``(d,)`` biases (held fixed, they only shift Q, K, V).
+        scaling (`float`): logit scale (e.g. ``d ** -0.5``).
+        causal (`bool`, *optional*, defaults to `False`): lower-triangular mask.
+        key_padding_mask (`torch.Tensor`, *optional*): ``(B, N)``, 1/True = real token. Padded tokens are removed
+            from both sides: they are masked as keys and their query rows are left out of J.
+        attn_mask (`torch.Tensor`, *optional*): extra bool mask ``(N, N)`` or ``(B, N, N)``, True = may attend.
+        method (`str`, *optional*, defaults to ``"eig"``): ``"eig"`` (closed-form G, ``eigvalsh``) or ``"svd"``
+            (closed-form explicit J, ``svdvals``; small probes only).
+        rtol (`float`, *optional*): relative tolerance on the λ = σ² scale; defaults to ``1e-12`` (eig) or
+            ``(max(n_rows, n_cols) · eps)²`` (svd).
+        return_spectrum (`bool`, *optional*, defaults to `False`): keep the eigenvalues of G in the result.
+        x_rtol (`float`, *optional*, defaults to ``max(shape) · eps(float64)``): relative tolerance on σ for
+            ``kappa_x`` and ``kappa_px``. Choice: pass the precision X was computed in (the model-level API passes
+            ``sqrt(max(T, D)) · eps(dtype of X)``): LayerNorm outputs with zero bias lie on the hyperplane
+            ``x · 1 = 0``, and a float32 X then has one singular value at rounding level (~1e-7 σ_max) that is
+            not a property of the model.
+        device (`torch.device` or `str`, *optional*, defaults to CPU): where G is built and ``eigvalsh`` runs
+            (float64; e.g. ``"cuda"``: the (T·d)² eigenproblem dominates the cost). Everything else runs on CPU.
+
+    Returns:
+        :class:`HeadCondition`.
+    """
+    if method not in ("eig", "svd"):
+        raise ValueError(f"method must be 'eig' or 'svd', got {method!r}")
+    blk = _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
+    T, D = blk.Xt.shape
+    d = blk.Qt.shape[1]
+    n_rows, n_cols = T * d, 3 * D * d
+    eps = torch.finfo(_F64).eps
+    if method == "eig":
+        if rtol is None:
+            rtol = DEFAULT_EIG_RTOL
+        # row order does not change eigenvalues
+        lam = torch.linalg.eigvalsh(_gram_from_blocks(blk, permute=False, device=device)).cpu()
+    else:
+        if n_rows * n_cols > _SVD_MAX_ELEMENTS:
+            raise ValueError(f"method='svd' would materialise J of shape {(n_rows, n_cols)}; use method='eig' "
+                             "or a smaller probe")
+        if rtol is None:
+            rtol = (max(n_rows, n_cols) * eps) ** 2
+        J = attention_head_jacobian(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling=scaling, causal=causal,
+                                    key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+        lam = torch.linalg.svdvals(J).square().flip(0)
+        if lam.numel() < n_rows:  # G = J Jᵀ has n_rows eigenvalues; the missing ones are exact zeros
+            lam = torch.cat([torch.zeros(n_rows - lam.numel(), dtype=_F64), lam])
+    lam_max = float(lam.max())
+    if lam_max > 0:
+        kept = lam[lam > rtol * lam_max]
+        lam_min = float(kept.min())
+        kappa = math.sqrt(lam_max / lam_min)
+        n_below = int(lam.numel() - kept.numel())
+    else:
+        lam_min, kappa, n_below = 0.0, float("nan"), int(lam.numel())
+    n_structural = n_rows - min(n_rows, n_cols - _parameter_null_dim(blk, b_q))
+
+    # side quantities, all on the valid tokens
+    prep = blk.prep
+    W_q64, W_k64, W_v64 = blk.W
+    p_blocks = [blk.P[b][prep.query_valid[b]][:, prep.key_valid[b]] for b in range(prep.X.shape[0])]
+    sv_p = torch.cat([torch.linalg.svdvals(pb) for pb in p_blocks])
+    kappa_p = _kappa_from_values(sv_p, max(pb.shape[0] for pb in p_blocks) * eps)[0]
+    kappa_x = pseudo_condition_number(blk.Xt, x_rtol)
+    kappa_px = pseudo_condition_number(blk.PXt, x_rtol)
+    kappa_lambda = softmax_jacobian_condition_number(blk.P[prep.query_valid])
+    kappa_wq = pseudo_condition_number(W_q64)
+    kappa_wk = pseudo_condition_number(W_k64)
+    kappa_wv = pseudo_condition_number(W_v64)
+    bound = condition_bound(kappa_x, kappa_lambda, kappa_wq, kappa_wk, kappa_wv, kappa_p)
+    return HeadCondition(
+        kappa=kappa, lambda_max=lam_max, lambda_min=lam_min, n_below_tol=n_below, n_structural=n_structural,
+        saturated=n_below > n_structural, rtol=float(rtol), method=method, n_rows=n_rows, n_cols=n_cols,
+        kappa_px=kappa_px, kappa_p=kappa_p, kappa_x=kappa_x, kappa_lambda=kappa_lambda, kappa_wq=kappa_wq,
+        kappa_wk=kappa_wk, kappa_wv=kappa_wv, bound=bound, spectrum=lam if return_spectrum else None,
+    )
