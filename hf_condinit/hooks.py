@@ -2,8 +2,9 @@
 
 `install` (run on ``import hf_condinit``) wraps four methods; `uninstall` restores them:
 
-- ``_from_config`` (classmethod): pops ``condinit=`` into a *copy* of the config as ``config.condinit`` (so the
-  caller's config object is not changed for later models). Under DeepSpeed ZeRO-3, where HF builds with
+- ``_from_config`` (classmethod): works on a deep copy of the config (HF's own ``_from_config`` writes dtype and
+  attention implementation into it; the caller's object stays unchanged for later models) and pops ``condinit=``
+  into it as ``config.condinit``. Under DeepSpeed ZeRO-3, where HF builds with
   initialisation suppressed and re-runs it per module on rank 0, the scheme is applied afterwards on every rank
   with gathered parameters (`hf_condinit.api.apply_init`), giving the same weights as without ZeRO.
 - ``post_init`` (structure): resolves ``config.condinit`` (seed, layout, version), checks that the model has a
@@ -70,9 +71,9 @@ def _needs_variant(config) -> bool:
 
 
 def _from_config(cls, config, **kwargs):
+    config = copy.deepcopy(config)  # HF's _from_config and our hooks write to it; the caller's object stays as is
     if "condinit" in kwargs:
         resolved = resolve_condinit(kwargs.pop("condinit"))
-        config = copy.deepcopy(config)
         config.condinit = resolved.to_dict() if resolved is not None else None
     model = _original("_from_config")(cls, config, **kwargs)
     cfg = api.resolved_condinit(model.config)
@@ -84,6 +85,7 @@ def _from_config(cls, config, **kwargs):
 
 def _post_init(self) -> None:
     config = self.config
+    _check_variant_matches_checkpoint(config)
     cfg = api.resolved_condinit(config)
     if cfg is not None or _needs_variant(config):
         layout = get_layout(self)
@@ -91,7 +93,6 @@ def _post_init(self) -> None:
         if cfg is not None and cfg.layout != layout.name:
             cfg.layout = layout.name
             config.condinit = cfg.to_dict()
-        _check_variant_matches_checkpoint(config)
         if _needs_variant(config):
             if config._attn_implementation in ATTENTION_VARIANTS:
                 config.condinit_attention = config._attn_implementation

@@ -1,0 +1,240 @@
+"""Attention variants as Hugging Face attention implementations (METHODS.md §3–§5, DESIGN.md §7.3.3–§7.3.4).
+
+Variants registered in ``transformers.AttentionInterface`` (with ``sdpa_mask`` in ``AttentionMaskInterface``, so HF
+builds padding/causal masks for them) and in `hf_condinit.registry.ATTENTION_VARIANTS`:
+
+- ``"affine_scaled"``: Affine-Scaled Attention, fast path ``α·SDPA + (α_ma − α)·mean_visible(V)``;
+- ``"attention_sink"``: a learnable per-head logit in the softmax denominator, SDPA fast path (virtual key);
+- ``"preconditioned"``: per-token L2 normalisation of each head's output after SDPA (the project's reading).
+
+Spectral conditioning is not an attention function but fixed buffers + forward hooks on the q/k/v projections,
+switched on by ``config.condinit["spectral_lambda"]`` or `apply_spectral_conditioning`; it combines with any
+attention implementation.
+
+Integration with the core hooks (``hf_condinit.hooks``):
+
+- ``post_init`` wrapper → `inject(model, layout, config)` *before* the original ``post_init`` (structure: holders
+  and hooks; idempotent);
+- ``_initialize_weights`` wrapper → ``holder.reset_condinit_parameters()`` for every holder whose tensors are not
+  flagged ``_is_hf_initialized``, and, after the init scheme has written the block's q/k/v,
+  `on_block_initialized(block, layout, config)` (= `on_attention_module_initialized`: recomputes the svd-mode
+  spectral C from the final weights; no-op otherwise). Init order is children-first, so a holder's own reset runs
+  after the block's projections got their default init but *before* the block's scheme: hence the second step.
+- ``_from_config`` wrapper under DeepSpeed ZeRO-3 → `after_zero3_init(model, layout, config)` after the scheme
+  (gathers and resets the holders that are not flagged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..modules import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
+from .affine_scaled import affine_scaled_attention_forward
+from .attention_sink import attention_sink_attention_forward
+from .preconditioned import preconditioned_attention_forward
+from .spectral import apply_spectral_conditioning, merge_spectral, remove_spectral, spectral_holders
+
+__all__ = [
+    "VARIANTS",
+    "register_all",
+    "unregister_all",
+    "inject",
+    "on_attention_module_initialized",
+    "on_block_initialized",
+    "after_zero3_init",
+    "no_decay_parameter_names",
+    "condinit_state_dict",
+    "apply_spectral_conditioning",
+    "merge_spectral",
+    "remove_spectral",
+    "affine_scaled_attention_forward",
+    "attention_sink_attention_forward",
+    "preconditioned_attention_forward",
+]
+
+VARIANTS = {
+    "affine_scaled": affine_scaled_attention_forward,
+    "attention_sink": attention_sink_attention_forward,
+    "preconditioned": preconditioned_attention_forward,
+}
+
+
+def _is_ours(existing: Any, fn: Any) -> bool:
+    """Same object, or the same function re-imported (importlib.reload of this package)."""
+    if existing is fn:
+        return True
+    return (
+        getattr(existing, "__module__", None) == getattr(fn, "__module__", object())
+        and getattr(existing, "__qualname__", None) == getattr(fn, "__qualname__", object())
+    )
+
+
+def register_all() -> list[str]:
+    """Register every variant with HF (attention function + mask function) and in ``ATTENTION_VARIANTS``.
+
+    Idempotent for hf_condinit's own functions. Raises `ValueError` when a name is already taken by another
+    library's function, so that two plugins never silently shadow each other.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from .. import registry
+
+    for name, fn in VARIANTS.items():
+        existing = AttentionInterface._global_mapping.get(name)
+        if existing is not None and not _is_ours(existing, fn):
+            raise ValueError(
+                f"attn_implementation {name!r} is already registered in transformers.AttentionInterface by "
+                f"{getattr(existing, '__module__', '?')}.{getattr(existing, '__qualname__', existing)!s}; "
+                "hf_condinit refuses to overwrite it."
+            )
+        existing_mask = AttentionMaskInterface._global_mapping.get(name)
+        if existing_mask is not None and existing_mask is not sdpa_mask:
+            raise ValueError(
+                f"A mask function for {name!r} is already registered in transformers.masking_utils."
+                "AttentionMaskInterface by someone else; hf_condinit refuses to overwrite it."
+            )
+    for name, fn in VARIANTS.items():
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)
+        current = registry.ATTENTION_VARIANTS.get(name)
+        registry.register_variant(name, fn, overwrite=current is not None and _is_ours(current, fn))
+    return list(VARIANTS)
+
+
+def unregister_all() -> None:
+    """Remove the variants from HF's registries and ``ATTENTION_VARIANTS`` (tests / ``hooks.uninstall``)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from .. import registry
+
+    for name, fn in VARIANTS.items():
+        if _is_ours(AttentionInterface._global_mapping.get(name), fn):
+            AttentionInterface._global_mapping.pop(name, None)
+            AttentionMaskInterface._global_mapping.pop(name, None)
+        if _is_ours(registry.ATTENTION_VARIANTS.get(name), fn):
+            registry.ATTENTION_VARIANTS.pop(name, None)
+
+
+def _options(config) -> dict:
+    stored = getattr(config, "condinit", None)
+    if stored is None:
+        return {}
+    return stored if isinstance(stored, dict) else stored.to_dict()
+
+
+def _has_pre_hook(module: nn.Module, holder: nn.Module) -> bool:
+    return any(getattr(h, "__self__", None) is holder for h in module._forward_pre_hooks.values())
+
+
+def _inject_affine(core: nn.Module, geometry, like) -> AffineScaledHolder:
+    holder = core._modules.get("condinit_affine")
+    if holder is None:
+        holder = AffineScaledHolder(geometry.n_heads, geometry.hidden, device=like.device, dtype=like.dtype)
+        core.add_module("condinit_affine", holder)
+    if not _has_pre_hook(core, holder):
+        core.register_forward_pre_hook(holder._capture_input, with_kwargs=True)
+    return holder
+
+
+def _inject_sink(core: nn.Module, geometry, like) -> AttentionSinkHolder:
+    holder = core._modules.get("condinit_sink")
+    if holder is None:
+        holder = AttentionSinkHolder(geometry.n_heads, device=like.device, dtype=like.dtype)
+        core.add_module("condinit_sink", holder)
+    return holder
+
+
+def inject(model: nn.Module, layout=None, config=None) -> list[str]:
+    """Attach the holders (and their hooks) that ``config`` asks for to every attention block of ``model``.
+
+    What is injected: ``condinit_affine`` when ``config._attn_implementation == "affine_scaled"``,
+    ``condinit_sink`` for ``"attention_sink"``, ``condinit_spectral_*`` when ``config.condinit["spectral_lambda"]`` is
+    not None. Holders attach to ``layout.core_module(block)`` (the module that calls the attention function).
+    Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice.
+
+    Values are *not* initialised here beyond zeros: the init pass (``reset_condinit_parameters``) or the loaded
+    checkpoint writes them; call `hf_condinit.modules.CondInitHolder.reset_condinit_parameters` yourself when
+    injecting into an already-built model outside the hooks.
+
+    Returns:
+        the qualified names of the holders of ``model`` after injection.
+    """
+    if layout is None:
+        from ..layouts import get_layout
+
+        layout = get_layout(model)
+    config = model.config if config is None else config
+    impl = getattr(config, "_attn_implementation", None)
+    opts = _options(config)
+    lam = opts.get("spectral_lambda")
+    mode = opts.get("spectral_mode") or "identity"
+    for _, block in layout.attention_modules(model):
+        core = layout.core_module(block)
+        if impl not in ("affine_scaled", "attention_sink") and lam is None:
+            continue
+        geometry = layout.geometry(block, config)
+        like = layout.projections(block, geometry)["q"].weight
+        if impl == "affine_scaled":
+            _inject_affine(core, geometry, like)
+        elif impl == "attention_sink":
+            _inject_sink(core, geometry, like)
+        if lam is not None:
+            from .spectral import inject_spectral
+
+            inject_spectral(block, core, layout, geometry, lam, mode)
+    return [name for name, m in model.named_modules() if isinstance(m, CondInitHolder)]
+
+
+def on_attention_module_initialized(block: nn.Module, layout, config) -> None:
+    """Call after the init scheme has written the q/k/v of attention ``block`` (``_initialize_weights`` wrapper).
+
+    Recomputes the svd-mode spectral C of the block's holders from the final weights, unless C is flagged
+    ``_is_hf_initialized`` (loaded from a checkpoint). No-op for every other holder (their initial values do not
+    depend on the weights).
+    """
+    core = layout.core_module(block)
+    for holder in core.children():
+        if isinstance(holder, SpectralHolder) and holder.mode == "svd":
+            holder.reset_condinit_parameters()
+
+
+on_block_initialized = on_attention_module_initialized  # the name hf_condinit.hooks calls
+
+
+def after_zero3_init(model: nn.Module, layout, config) -> None:
+    """Under DeepSpeed ZeRO-3 (holder parameters partitioned during construction): gather and reset every holder
+    whose tensors are not flagged ``_is_hf_initialized``, after the init scheme has run (svd-mode C then reads the
+    final, gathered weights). Called by ``hf_condinit.hooks`` after ``apply_init`` in ``_from_config``."""
+    from .spectral import _gathered
+
+    for _, holder in [(n, m) for n, m in model.named_modules() if isinstance(m, CondInitHolder)]:
+        if any(getattr(t, "_is_hf_initialized", False) for t in holder.condinit_tensors()):
+            continue
+        extra = [p.weight for p in getattr(holder, "_projections", [])]
+        with _gathered([*holder.parameters(recurse=False), *extra]):
+            holder.reset_condinit_parameters()
+
+
+def no_decay_parameter_names(model: nn.Module, include_matrices: bool = True) -> list[str]:
+    """Names of the holder parameters to exclude from weight decay (W_a of affine_scaled, sink logits).
+
+    Spectral C is a buffer and never decays. ``include_matrices=False`` leaves the 2-D W_a to weight decay and
+    lists only the vectors (sink logits).
+    """
+    names = []
+    for name, param in model.named_parameters():
+        if any(part.startswith(HOLDER_PREFIX) for part in name.split(".")):
+            if include_matrices or param.ndim < 2:
+                names.append(name)
+    return names
+
+
+def condinit_state_dict(model: nn.Module) -> dict:
+    """The holder entries of ``model.state_dict()`` (W_a, α_ma, sink logits, spectral C)."""
+    return {
+        k: v for k, v in model.state_dict().items() if any(part.startswith(HOLDER_PREFIX) for part in k.split("."))
+    }

@@ -1,0 +1,95 @@
+"""Helpers shared by the attention variants: mask semantics identical to HF's ``sdpa_attention_forward``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "effective_causal",
+    "crop_for_causal",
+    "visible_from_mask",
+    "condinit_options",
+    "wants_attentions",
+    "get_holder",
+    "in_backward_recompute",
+]
+
+_DEFAULTS = {
+    "affine_rho": 0.9,
+    "affine_bias_length": "visible",
+    "precond_eps": 1e-6,
+    "precond_scale": "none",
+    "spectral_lambda": None,
+    "spectral_mode": "identity",
+}
+
+
+def effective_causal(module: nn.Module, query: torch.Tensor, attention_mask, is_causal) -> bool:
+    """The ``is_causal`` that HF's ``sdpa_attention_forward`` passes to SDPA.
+
+    With a mask, the mask alone says what is visible. Without one, the attention is causal (upper-left aligned, i.e.
+    query i sees keys 0..i, keys past the query length cropped) when the module is causal and there is more than one
+    query; a single query (decoding) or a non-causal module sees every key.
+    """
+    flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    return bool(query.shape[2] > 1 and attention_mask is None and flag)
+
+
+def crop_for_causal(key: torch.Tensor, value: torch.Tensor, q_len: int):
+    """Static-cache prefill: keys past the query length are invisible under an upper-left causal mask."""
+    if key.shape[2] > q_len:
+        return key[:, :, :q_len], value[:, :, :q_len]
+    return key, value
+
+
+def visible_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Boolean visibility from a 4-D mask: boolean (True = attend) or additive float (min/-inf = masked)."""
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
+def condinit_options(module: nn.Module) -> dict[str, Any]:
+    """The variant options of ``module.config.condinit`` (plain dict, a `CondInitConfig`, or absent → defaults)."""
+    config = getattr(module, "config", None)
+    stored = getattr(config, "condinit", None) if config is not None else None
+    if stored is None:
+        return _DEFAULTS
+    if not isinstance(stored, dict):
+        stored = stored.to_dict() if hasattr(stored, "to_dict") else dict(vars(stored))
+    return {**_DEFAULTS, **{k: v for k, v in stored.items() if v is not None or k == "spectral_lambda"}}
+
+
+def wants_attentions(kwargs: dict) -> bool:
+    """Whether the caller asked for the attention weights (HF v5 records them through an output collector)."""
+    if kwargs.get("output_attentions"):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+
+        collected = _active_collector.get()
+    except Exception:  # pragma: no cover - other transformers versions
+        return False
+    return bool(collected) and ("attentions" in collected or "cross_attentions" in collected)
+
+
+def get_holder(module: nn.Module, name: str, variant: str) -> nn.Module:
+    holder = module._modules.get(name)
+    if holder is None:
+        raise RuntimeError(
+            f"attn_implementation={variant!r}: {type(module).__name__} has no `{name}` holder. Build the model after "
+            f"`import hf_condinit` (its post_init hook injects the holders), or call "
+            f"hf_condinit.attention.inject(model). Cross-attention modules that the layout skips are not supported."
+        )
+    return holder
+
+
+def in_backward_recompute() -> bool:
+    """True while autograd runs a backward pass (e.g. the re-forward of gradient checkpointing)."""
+    try:
+        return torch._C._current_graph_task_id() != -1
+    except AttributeError:  # pragma: no cover
+        return False

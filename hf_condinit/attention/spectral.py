@@ -1,0 +1,166 @@
+"""Spectral conditioning of attention (Saratchandran & Lucey, NeurIPS 2025; METHODS.md §3).
+
+Attention is computed with W_Q + C, W_K + C, W_V + C, where C is fixed before training: a persistent *buffer* (no
+gradient, no weight decay, saved next to W in the state dict), never folded into W unless `merge_spectral` is called.
+
+- ``mode="identity"`` (default): C = λ·E, E the block identity of METHODS.md §1 written through the layout's
+  ``Projection.heads`` views (so fused GPT-2 ``Conv1D``, separate ``nn.Linear``, GQA and interleaved NeoX layouts are
+  all handled by the layout adapters). Default λ = 10.
+- ``mode="svd"``: per head, W_h = U S Vᵀ → C_h = σ_max(W_h)·U Vᵀ, so κ(W_h + C_h) ≤ 2 (λ only switches it on).
+  C depends on the weights *after* their init scheme: it is computed when the holder is reset (children-first init
+  order: the projections of the block are initialised before the holder) and recomputed by
+  `on_attention_module_initialized` after the block's scheme has rewritten q/k/v.
+
+W_eff = W + C is applied by a forward hook on each projection module adding ``Projection.linear(x, C)`` (one holder,
+``condinit_spectral_<roles>``, per projection module: ``qkv`` for a fused module, ``q``/``k``/``v`` otherwise).
+
+Two entry points: ``config.condinit["spectral_lambda"]`` (+ ``["spectral_mode"]``) at build time (the post_init hook
+calls `hf_condinit.attention.inject`), or `apply_spectral_conditioning` on a built model (it writes the same keys
+into ``config.condinit`` so that ``save_pretrained`` / ``from_pretrained`` restore it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from ..modules import SpectralHolder
+
+__all__ = [
+    "inject_spectral",
+    "spectral_holders",
+    "apply_spectral_conditioning",
+    "merge_spectral",
+    "remove_spectral",
+]
+
+_QKV = ("q", "k", "v")
+
+
+def _weight_shape(w: torch.Tensor) -> torch.Size:
+    return getattr(w, "ds_shape", None) or w.shape  # DeepSpeed ZeRO-3 partitions report their full shape here
+
+
+def _has_hook(module: nn.Module, holder: nn.Module, hooks: dict) -> bool:
+    return any(getattr(h, "__self__", None) is holder for h in hooks.values())
+
+
+def inject_spectral(block: nn.Module, core: nn.Module, layout, geometry, lam: float, mode: str) -> list[SpectralHolder]:
+    """Attach (idempotently) one `SpectralHolder` per q/k/v projection module of ``block`` to ``core``."""
+    projections = layout.projections(block, geometry)
+    groups: dict[int, list] = {}
+    for role in _QKV:
+        groups.setdefault(id(projections[role].module), []).append(projections[role])
+    holders = []
+    for projs in groups.values():
+        name = "condinit_spectral_" + "".join(p.role for p in projs)
+        holder = core._modules.get(name)
+        w = projs[0].weight
+        if holder is None:
+            holder = SpectralHolder(projs, lam, mode, _weight_shape(w), device=w.device, dtype=w.dtype)
+            core.add_module(name, holder)
+        else:
+            holder._projections = list(projs)
+            holder.lam, holder.mode = float(lam), mode
+        module = projs[0].module
+        if not _has_hook(module, holder, module._forward_hooks):
+            module.register_forward_hook(holder._add_spectral)
+        holders.append(holder)
+    return holders
+
+
+def spectral_holders(model: nn.Module) -> list[tuple[str, SpectralHolder]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, SpectralHolder)]
+
+
+@contextlib.contextmanager
+def _gathered(params):
+    """Gather DeepSpeed ZeRO-3 partitioned parameters (no-op otherwise)."""
+    params = [p for p in params if hasattr(p, "ds_id")]
+    if not params:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+        yield
+
+
+def _record(config, **updates) -> None:
+    """Write spectral options into ``config.condinit`` (a plain dict), creating it with ``method="default"``."""
+    stored = getattr(config, "condinit", None)
+    if stored is None:
+        try:
+            from ..config import CondInitConfig
+
+            stored = CondInitConfig(method="default").to_dict()
+        except Exception:  # the core package not importable (standalone use)
+            stored = {"method": "default"}
+    elif not isinstance(stored, dict):
+        stored = stored.to_dict()
+    else:
+        stored = dict(stored)
+    stored.update(updates)
+    config.condinit = stored
+
+
+def apply_spectral_conditioning(model: nn.Module, lam: float = 10.0, mode: str = "identity") -> nn.Module:
+    """Add fixed spectral conditioning C to W_Q, W_K, W_V of every attention block of ``model``, in place.
+
+    C is computed now (from the current weights in ``mode="svd"``) and recorded in ``model.config.condinit``
+    (``spectral_lambda``, ``spectral_mode``), so ``save_pretrained`` → ``from_pretrained`` rebuilds the holders and
+    restores C exactly. Calling it again replaces λ / mode and recomputes C. ``lam=0`` equals the vanilla model.
+
+    Returns:
+        the same model.
+    """
+    if mode not in ("identity", "svd"):
+        raise ValueError(f"spectral mode must be 'identity' or 'svd', got {mode!r}.")
+    if lam is None or lam < 0:
+        raise ValueError(f"spectral lam must be a float >= 0, got {lam!r}.")
+    from ..layouts import get_layout
+
+    layout = get_layout(model)
+    config = model.config
+    for _, block in layout.attention_modules(model):
+        core = layout.core_module(block)
+        geometry = layout.geometry(block, config)
+        for holder in inject_spectral(block, core, layout, geometry, lam, mode):
+            with _gathered([p.weight for p in holder._projections]):
+                holder.reset_condinit_parameters(force=True)
+    _record(config, spectral_lambda=float(lam), spectral_mode=mode)
+    return model
+
+
+def _detach_holder(model: nn.Module, name: str, holder: SpectralHolder) -> None:
+    module = holder.projection_module
+    for key, hook in list(module._forward_hooks.items()):
+        if getattr(hook, "__self__", None) is holder:
+            del module._forward_hooks[key]
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    delattr(parent, attr)
+
+
+def merge_spectral(model: nn.Module) -> nn.Module:
+    """Fold C into W (W ← W + C) and remove the holders and hooks: a plain HF model with the same outputs
+    (peft ``merge_and_unload`` analogue). ``config.condinit["spectral_lambda"]`` is reset to None."""
+    for name, holder in spectral_holders(model):
+        w = holder._projections[0].weight
+        with _gathered([w]), torch.no_grad():
+            w.add_(holder.C.to(w.dtype))
+        _detach_holder(model, name, holder)
+    if getattr(model.config, "condinit", None) is not None:
+        _record(model.config, spectral_lambda=None)
+    return model
+
+
+def remove_spectral(model: nn.Module) -> nn.Module:
+    """Remove the holders and hooks without folding C into W (back to the plain model)."""
+    for name, holder in spectral_holders(model):
+        _detach_holder(model, name, holder)
+    if getattr(model.config, "condinit", None) is not None:
+        _record(model.config, spectral_lambda=None)
+    return model

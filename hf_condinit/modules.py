@@ -1,0 +1,218 @@
+"""Holder modules injected into attention modules by the attention variants (`hf_condinit.attention.inject`).
+
+A holder is a small ``nn.Module`` attached as a *direct child* of the module that calls HF's attention function
+(`AttentionLayout.core_module(block)`), under an attribute name starting with ``condinit_``:
+
+===========================  ==========================================================  =========================
+attribute                    state                                                       variant
+===========================  ==========================================================  =========================
+``condinit_affine``          parameter ``weight`` = W_a, shape **(H, D)** (``nn.Linear``   ``affine_scaled``
+                             orientation: α = φ(F.linear(X, weight)), i.e. W_a of the
+                             paper is ``weight.T``); persistent buffer ``alpha_ma`` (H,)
+``condinit_sink``            parameter ``logit`` (H,)                                     ``attention_sink``
+``condinit_spectral_<roles>``  persistent buffer ``C`` shaped like the projection's       spectral conditioning
+                             ``weight`` (one holder per projection *module*: ``qkv`` for
+                             fused layouts, ``q``/``k``/``v`` for separate ones)
+===========================  ==========================================================  =========================
+
+Every holder has ``reset_condinit_parameters()`` (called by the ``_initialize_weights`` hook for holders whose
+tensors are not flagged ``_is_hf_initialized``): it writes its initial values in place, computing in fp32 and
+copying with the guarded ``transformers.initialization`` functions, deterministically (no RNG).
+
+Hooks registered on other modules are *bound methods* of the holder (never closures), so ``copy.deepcopy`` and
+pickling of the model keep each hook pointing at the copy's own holder.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "HOLDER_PREFIX",
+    "CondInitHolder",
+    "AffineScaledHolder",
+    "AttentionSinkHolder",
+    "SpectralHolder",
+    "iter_holders",
+]
+
+HOLDER_PREFIX = "condinit_"
+
+
+def _init_fn(name: str):
+    """The guarded (``_is_hf_initialized``-aware) init function of transformers, or the torch one."""
+    try:
+        from transformers import initialization as hf_init
+
+        return getattr(hf_init, name)
+    except (ImportError, AttributeError):  # pragma: no cover - old transformers
+        if name == "copy_":
+            return lambda t, o: t.copy_(o)
+        return getattr(torch.nn.init, name)
+
+
+def _flagged(t: torch.Tensor) -> bool:
+    return bool(getattr(t, "_is_hf_initialized", False))
+
+
+class CondInitHolder(nn.Module):
+    """Base class of the injected holders."""
+
+    def reset_condinit_parameters(self, force: bool = False) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def condinit_tensors(self) -> list[torch.Tensor]:
+        return [*self.parameters(recurse=False), *self.buffers(recurse=False)]
+
+    def is_initialized(self) -> bool:
+        """True when every parameter and buffer carries ``_is_hf_initialized`` (e.g. loaded by from_pretrained)."""
+        tensors = self.condinit_tensors()
+        return bool(tensors) and all(_flagged(t) for t in tensors)
+
+
+class AffineScaledHolder(CondInitHolder):
+    """State of Affine-Scaled Attention for one attention module (METHODS.md §5).
+
+    Attributes:
+        weight: W_a in ``nn.Linear`` orientation, shape (H, D); α(X) = clamp(0.1·X·weightᵀ + 0.5, 0, 1).
+        alpha_ma: (H,) persistent buffer, EMA of α over real tokens of training forward passes (starts at 0).
+    """
+
+    def __init__(self, n_heads: int, hidden: int, *, device=None, dtype=None):
+        super().__init__()
+        self.n_heads, self.hidden = n_heads, hidden
+        self.weight = nn.Parameter(torch.zeros(n_heads, hidden, device=device, dtype=dtype))
+        self.register_buffer("alpha_ma", torch.zeros(n_heads, device=device, dtype=dtype), persistent=True)
+        self._input: torch.Tensor | None = None
+
+    def reset_condinit_parameters(self, force: bool = False) -> None:
+        with torch.no_grad():
+            if force:
+                self.weight.zero_()
+                self.alpha_ma.zero_()
+            else:
+                _init_fn("zeros_")(self.weight)
+                _init_fn("zeros_")(self.alpha_ma)
+
+    # forward pre-hook of the attention module (registered by `inject`, with_kwargs=True)
+    def _capture_input(self, module: nn.Module, args: tuple, kwargs: dict):
+        x = args[0] if args else kwargs.get("hidden_states")
+        if x is None:
+            raise RuntimeError(
+                f"affine_scaled: could not find the input hidden states of {type(module).__name__} "
+                "(expected the first positional argument or `hidden_states=`)."
+            )
+        self._input = x
+        return None
+
+    def pop_input(self) -> torch.Tensor:
+        x, self._input = self._input, None
+        if x is None:
+            raise RuntimeError(
+                "affine_scaled: the attention input X was not captured. The forward pre-hook registered by "
+                "hf_condinit.attention.inject() is missing (model built before `import hf_condinit`, or hooks "
+                "removed); call hf_condinit.attention.inject(model) again."
+            )
+        return x
+
+    def alpha(self, x: torch.Tensor) -> torch.Tensor:
+        """α(X) of shape (..., N, H): linear clipping φ(z) = clamp(0.1·z + 0.5, 0, 1)."""
+        z = F.linear(x.to(self.weight.dtype), self.weight)
+        return torch.clamp(0.1 * z + 0.5, 0.0, 1.0)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, hidden={self.hidden}"
+
+
+class AttentionSinkHolder(CondInitHolder):
+    """A learnable logit per head added to the softmax denominator (init 0)."""
+
+    def __init__(self, n_heads: int, *, device=None, dtype=None):
+        super().__init__()
+        self.n_heads = n_heads
+        self.logit = nn.Parameter(torch.zeros(n_heads, device=device, dtype=dtype))
+
+    def reset_condinit_parameters(self, force: bool = False) -> None:
+        with torch.no_grad():
+            if force:
+                self.logit.zero_()
+            else:
+                _init_fn("zeros_")(self.logit)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}"
+
+
+class SpectralHolder(CondInitHolder):
+    """The fixed spectral-conditioning matrix C of one projection module (METHODS.md §3).
+
+    ``C`` has the shape (and storage convention) of the projection's ``weight``; a forward hook on the projection
+    adds ``Projection.linear(x, C)`` to its output, so W_eff = W + C in the forward pass only (C is a buffer: no
+    gradient, no weight decay, saved separately from W).
+
+    Modes: ``"identity"``: C = λ·E on each role's heads (E the block identity of METHODS.md §1, so C does not depend
+    on W); ``"svd"``: per head, W_h = U S Vᵀ → C_h = σ_max(W_h)·U Vᵀ so that κ(W_h + C_h) ≤ 2 (λ is ignored; it only
+    switches the method on). The svd mode reads the *current* weights: see ``reset_condinit_parameters``.
+    """
+
+    def __init__(self, projections: list, lam: float, mode: str, shape: torch.Size, *, device=None, dtype=None):
+        super().__init__()
+        if mode not in ("identity", "svd"):
+            raise ValueError(f"spectral_mode must be 'identity' or 'svd', got {mode!r}.")
+        self.roles = "".join(p.role for p in projections)
+        self._projections = list(projections)  # plain list: not registered as children
+        self.lam, self.mode = float(lam), mode
+        self.register_buffer("C", torch.zeros(shape, device=device, dtype=dtype), persistent=True)
+
+    @property
+    def projection_module(self) -> nn.Module:
+        return self._projections[0].module
+
+    def compute_C(self) -> torch.Tensor:
+        """C in fp32 from the options (and, in svd mode, from the current weights)."""
+        C = torch.zeros(self.C.shape, dtype=torch.float32, device=self.C.device)
+        for proj in self._projections:
+            c_heads = proj.heads(C)
+            if self.mode == "identity":
+                for h, view in enumerate(c_heads):
+                    D, d = view.shape
+                    start = h * d
+                    if start >= D:
+                        continue  # H·d > D: heads past the first D coordinates get no identity block
+                    k = min(d, D - start)
+                    view[start : start + k, :k] += self.lam * torch.eye(k, dtype=C.dtype, device=C.device)
+            else:
+                w_heads = proj.heads(proj.weight.detach().to(device=C.device, dtype=torch.float32))
+                for w, view in zip(w_heads, c_heads):
+                    U, S, Vh = torch.linalg.svd(w, full_matrices=False)
+                    view.copy_(S.max() * (U @ Vh))
+        return C
+
+    def reset_condinit_parameters(self, force: bool = False) -> None:
+        if self.C.is_meta or (not force and _flagged(self.C)):
+            return
+        if self.mode == "svd" and any(p.weight.is_meta or p.weight.shape != self.C.shape for p in self._projections):
+            return  # weights not materialised yet (meta device, ZeRO-3 partition): `after_zero3_init` computes C
+        with torch.no_grad():
+            C = self.compute_C().to(self.C.dtype)
+            if force:
+                self.C.copy_(C)
+            else:
+                _init_fn("copy_")(self.C, C)
+
+    # forward hook of the projection module (registered by `inject`)
+    def _add_spectral(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        x = args[0]
+        return output + self._projections[0].linear(x, self.C.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"roles={self.roles!r}, lam={self.lam}, mode={self.mode!r}, shape={tuple(self.C.shape)}"
+
+
+def iter_holders(model: nn.Module):
+    """Yield ``(qualified_name, holder)`` for every condinit holder in ``model``."""
+    for name, module in model.named_modules():
+        if isinstance(module, CondInitHolder):
+            yield name, module
