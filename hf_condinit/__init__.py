@@ -55,17 +55,12 @@ def __getattr__(name: str):
 
 
 def _register_plugins() -> None:
+    """Install the construction hooks, the attention variants and the shipped model families (idempotent)."""
+    from . import attention, models
+
     hooks.install()
-    for module, function in (("hf_condinit.attention", "register_all"), ("hf_condinit.models", "register")):
-        try:
-            plugin = importlib.import_module(module)
-        except ModuleNotFoundError as err:  # parts still being developed in this tree
-            if err.name != module:
-                raise
-            continue
-        register = getattr(plugin, function, None)  # DEV-TOLERANCE
-        if register is not None:
-            register()
+    attention.register_all()
+    models.register()
 
 
 _register_plugins()

@@ -154,4 +154,4 @@ def _variant_hook(name: str):
     """A function of `hf_condinit.attention` called at a construction step (see docs/architecture.md)."""
     from . import attention
 
-    return getattr(attention, name, lambda *args: None)  # DEV-TOLERANCE
+    return getattr(attention, name)

@@ -24,6 +24,8 @@ MINI_CONFIGS = {
                   intermediate_size=64, vocab_size=64, max_position_embeddings=32),
     "gpt_neox": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
                      vocab_size=64, max_position_embeddings=32, attention_bias=True),
+    "crammed_bert": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
+                         vocab_size=64, max_position_embeddings=32),
 }
 
 VISION_TYPES = {"vit", "deit"}

@@ -22,6 +22,8 @@ MODEL_TYPE_TO_LAYOUT = {
     "mistral": _QKVO_PROJ,
     "qwen2": _QKVO_PROJ,
     "gpt_neox": InterleavedQKVLayout(),
+    # hf_condinit.models.crammed_bert: same interleaved storage as GPT-NeoX, the block calls attention itself.
+    "crammed_bert": InterleavedQKVLayout(qkv="query_key_value", o="dense", name="crammed_bert_interleaved"),
 }
 
 for _model_type, _layout in MODEL_TYPE_TO_LAYOUT.items():

@@ -1,0 +1,623 @@
+"""Do conditioned init and the attention variants help? Train the same small GPT-2 per arm and seed, compare.
+
+Arms (``_common.ARMS``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
+identity mode), preconditioned, attention_sink. Each arm × seed is one run: same data order per seed across arms
+(blocks shuffled by a generator seeded with the seed), held-out split = the first 5 % of the documents, compact
+PyTorch AdamW loop with the METHODS.md §7 LM settings (see ``_common.py``).
+
+Per arm the report gives: final eval perplexity (full held-out split) mean ± std over seeds; the paired difference to
+default and whether it exceeds the seed spread; steps to reach the default arm's final eval loss (on the eval-curve
+subset, linear interpolation between eval points) and the ratio to the run length; κ(J) of the attention Jacobian
+(METHODS.md §6; causal mask as used, and unmasked) with its surrogate bound at a few points of the run (first seed
+only, small probe: it costs seconds per measurement); step-0 diagnostics (initial loss, attention entropy per layer,
+activation scales). Outputs in ``--out``: ``runs/<setting>/<arm>/seed<k>.json`` (one per finished run — a rerun skips
+it; several workers may share the directory: runs in progress are claimed with lock files), ``results.json``,
+``results.md`` and PNG plots (``loss.png``, ``kappa.png``, ``sweep.png``).
+
+    python benchmarks/compare.py                       # default mode (8 arms × 3 seeds), ≤ 45 min on 2 cores
+    python benchmarks/compare.py --quick               # 2 arms × 1 seed, tiny model, ≤ 3 min
+    python benchmarks/compare.py --sweep               # + the built-in sensitivity sweep (conditioned vs default)
+    python benchmarks/compare.py --sweep qk_gain=0.25 lr=3e-4 n_layer=8   # a custom sweep
+    python benchmarks/compare.py --report-only         # rebuild results.* from the finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common as C  # noqa: E402
+
+# Built-in sweep: name -> overrides of the base TrainSpec. Gain-only settings change the conditioned arm only.
+DEFAULT_SWEEP = [
+    "qk_gain=0.25",
+    "v_gain=0.25",
+    "qk_gain=0.25,v_gain=0.25",
+    "lr=3e-4",
+    "n_layer=8",
+    "steps=x2",
+    "steps=x2,qk_gain=0.25,v_gain=0.25",
+]
+GAIN_KEYS = ("qk_gain", "v_gain")
+SWEEP_KEYS = ("qk_gain", "v_gain", "lr", "n_layer", "n_embd", "n_head", "steps", "batch_size", "block_size",
+              "warmup", "weight_decay")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="tinystories",
+                   help="'tinystories', 'wikitext' (files under ../shared/data) or a path to a text file")
+    p.add_argument("--out", default=None, help="output directory (default benchmarks/results/compare[_quick])")
+    p.add_argument("--arms", nargs="+", default=None, help=f"subset of {list(C.ARMS)}")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; quick 1)")
+    p.add_argument("--quick", action="store_true", help="tiny model, 2 arms, 1 seed, ~20 steps (≤ 3 min)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--n-layer", type=int, default=None)
+    p.add_argument("--n-embd", type=int, default=None)
+    p.add_argument("--n-head", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("--eval-blocks", type=int, default=None)
+    p.add_argument("--kappa-at", type=float, nargs="*", default=None,
+                   help="fractions of the run at which κ(J) is measured (default 0 0.25 0.5 1; none: skip)")
+    p.add_argument("--kappa-seeds", type=int, default=1, help="κ(J) for the first K seeds only (default 1)")
+    p.add_argument("--kappa-probe", type=int, nargs=2, default=None, metavar=("SEQS", "TOKENS"))
+    p.add_argument("--max-bytes", type=int, default=None, help="read only the first N bytes of the data file")
+    p.add_argument("--sweep", nargs="*", default=None,
+                   help="sensitivity sweep settings 'k=v[,k=v]' (keys: %s; steps=xN multiplies); "
+                        "no value: the built-in list %s" % (", ".join(SWEEP_KEYS), DEFAULT_SWEEP))
+    p.add_argument("--sweep-seeds", type=int, default=1, help="seeds per sweep setting (default 1)")
+    p.add_argument("--no-base", action="store_true", help="only the sweep (its default arm still comes from base)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores / workers)")
+    p.add_argument("--report-only", action="store_true", help="only aggregate the finished runs")
+    p.add_argument("--no-report", action="store_true", help="run, but leave the aggregation to another call")
+    p.add_argument("--copy-plots", default=None, help="also copy the PNG plots into this directory")
+    return p.parse_args(argv)
+
+
+def base_spec_kwargs(args) -> dict:
+    if args.quick:
+        kw = dict(n_layer=2, n_embd=64, n_head=2, block_size=64, batch_size=8, steps=20, lr=3e-3, eval_every=5,
+                  eval_blocks=8, log_every=2, kappa_at=(0.0, 1.0), kappa_probe=(2, 8), diag_probe=(2, 32))
+    else:
+        kw = dict(n_layer=4, n_embd=256, n_head=4, block_size=256, batch_size=8, steps=150, lr=1e-3, eval_every=15,
+                  eval_blocks=16, log_every=5, kappa_at=(0.0, 0.25, 0.5, 1.0), kappa_probe=(2, 8),
+                  diag_probe=(4, 128))
+    for name in ("steps", "batch_size", "lr", "n_layer", "n_embd", "n_head", "block_size", "eval_every",
+                 "eval_blocks"):
+        v = getattr(args, name)
+        if v is not None:
+            kw[name] = v
+    if args.kappa_at is not None:
+        kw["kappa_at"] = tuple(args.kappa_at)
+    if args.kappa_probe is not None:
+        kw["kappa_probe"] = tuple(args.kappa_probe)
+    return kw
+
+
+def data_kwargs(args) -> dict:
+    vocab = args.vocab_size or (512 if args.quick else 4096)
+    max_bytes = args.max_bytes if args.max_bytes is not None else (300_000 if args.quick else None)
+    path = C.DATASETS.get(args.data, args.data)
+    return dict(path=path, vocab_size=vocab, max_bytes=max_bytes)
+
+
+def parse_setting(text: str, base: dict) -> tuple[str, dict]:
+    over = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise SystemExit(f"--sweep: bad setting {part!r}; expected key=value")
+        k, v = (s.strip() for s in part.split("=", 1))
+        if k not in SWEEP_KEYS:
+            raise SystemExit(f"--sweep: unknown key {k!r}; known: {SWEEP_KEYS}")
+        if k == "steps" and v.startswith("x"):
+            over[k] = int(round(base["steps"] * float(v[1:])))
+        elif k in ("lr", "qk_gain", "v_gain", "warmup", "weight_decay"):
+            over[k] = float(v)
+        else:
+            over[k] = int(v)
+    return _setting_name(over), over
+
+
+def _setting_name(over: dict) -> str:
+    return "base" if not over else ",".join(f"{k}={v}" for k, v in over.items())
+
+
+def plan_runs(args) -> tuple[list, dict]:
+    """All TrainSpecs of this invocation, in priority order: base seeds 0-1, the sweep settings that keep the run
+    length and depth, the other base seeds, then the longer/deeper sweep settings. A sweep setting's default arm
+    ignores the conditioned-only gains (so it is shared with the setting without them, or with base)."""
+    base = base_spec_kwargs(args)
+    arms = args.arms or (["default", "conditioned"] if args.quick else list(C.ARMS))
+    for a in arms:
+        if a not in C.ARMS:
+            raise SystemExit(f"unknown arm {a!r}; known: {list(C.ARMS)}")
+    n_seeds = args.seeds or (1 if args.quick else 3)
+
+    def spec(arm, seed, setting, over):
+        kw = dict(base)
+        kw.update(over)
+        if seed >= args.kappa_seeds:
+            kw["kappa_at"] = ()
+        elif setting != "base" and kw["kappa_at"]:
+            kw["kappa_at"] = (0.0, 1.0)  # sweep runs: κ at the start and the end only
+        return C.TrainSpec(arm=arm, seed=seed, setting=setting, **kw)
+
+    base_runs = [] if args.no_base else [spec(a, s, "base", {}) for s in range(n_seeds) for a in arms]
+    cheap, costly = [], []
+    settings = {"base": {}}
+    if args.sweep is not None:
+        for item in (args.sweep if args.sweep else DEFAULT_SWEEP):
+            name, over = parse_setting(item, base)
+            settings[name] = over
+            for s in range(args.sweep_seeds):
+                for a in ("default", "conditioned"):
+                    o = over if C.ARMS[a][0] == "conditioned" else {k: v for k, v in over.items()
+                                                                     if k not in GAIN_KEYS}
+                    target = costly if any(k in o for k in ("steps", "n_layer", "n_embd", "block_size")) else cheap
+                    target.append(spec(a, s, name if o == over else _setting_name(o), o))
+    early = [r for r in base_runs if r.seed < 2]
+    late = [r for r in base_runs if r.seed >= 2]
+    runs, seen = [], set()
+    for r in early + cheap + late + costly:
+        ident = (r.setting, r.arm, r.seed)
+        if ident not in seen:
+            seen.add(ident)
+            runs.append(r)
+    return runs, settings
+
+
+def run_path(out: str, spec) -> str:
+    return os.path.join(out, "runs", spec.setting, spec.arm.replace("+", "_plus_"), f"seed{spec.seed}.json")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim(path: str) -> bool:
+    """Create ``path + '.lock'`` atomically; reclaim a lock whose process is gone."""
+    lock = path + ".lock"
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            return True
+        except FileExistsError:
+            try:
+                pid = int(open(lock).read().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _pid_alive(pid):
+                return False
+            try:
+                os.remove(lock)
+            except FileNotFoundError:
+                pass
+    return False
+
+
+def finished(path: str, spec) -> bool:
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return False
+    if rec.get("key") != spec.key():
+        print(f"[compare] {path} was made with other settings; it will be redone", file=sys.stderr)
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# aggregation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _mean_std(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def crossing_step(curve, target):
+    """First step at which the eval curve reaches ``target`` (linear interpolation); None if never."""
+    prev = None
+    for step, loss in curve:
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(step)
+            s0, l0 = prev
+            return s0 + (l0 - target) / (l0 - loss) * (step - s0)
+        prev = (step, loss)
+    return None
+
+
+def aggregate_setting(recs: list[dict]) -> dict:
+    by_arm: dict[str, dict[int, dict]] = {}
+    for r in recs:
+        by_arm.setdefault(r["arm"], {})[r["seed"]] = r
+    out = {"arms": {}}
+    default = by_arm.get("default", {})
+    target = None
+    if default:
+        target = statistics.fmean(r["eval_curve"][-1][1] for r in default.values())
+        out["target_eval_loss"] = target
+    for arm, seeds in by_arm.items():
+        rs = [seeds[s] for s in sorted(seeds)]
+        losses = [r["final_eval_loss"] for r in rs]
+        ppls = [r["final_eval_ppl"] for r in rs]
+        lm, ls = _mean_std(losses)
+        pm, ps = _mean_std(ppls)
+        steps_total = rs[0]["spec"]["steps"]
+        a = dict(seeds=sorted(seeds), final_eval_loss=losses, final_eval_ppl=ppls, loss_mean=lm, loss_std=ls,
+                 ppl_mean=pm, ppl_std=ps, steps=steps_total,
+                 initial_eval_loss=_mean_std([r["initial_eval_loss"] for r in rs])[0],
+                 tokens_per_s=_mean_std([r["tokens_per_s"] for r in rs])[0],
+                 train_seconds=_mean_std([r["train_seconds"] for r in rs])[0],
+                 epochs=rs[0].get("epochs"), diverged=[r["seed"] for r in rs if "diverged_at" in r])
+        if target is not None:
+            cross = [crossing_step(r["eval_curve"], target) for r in rs]
+            reached = [c for c in cross if c is not None]
+            a["steps_to_default_final"] = cross
+            a["steps_to_default_final_mean"] = statistics.fmean(reached) if reached else None
+            a["n_reached"] = len(reached)
+            a["ratio_to_run_length"] = (a["steps_to_default_final_mean"] / steps_total) if reached else None
+        if arm != "default" and default:
+            common = sorted(set(seeds) & set(default))
+            diffs = [seeds[s]["final_eval_loss"] - default[s]["final_eval_loss"] for s in common]
+            dm, dsd = _mean_std(diffs)
+            dl_std = _mean_std([default[s]["final_eval_loss"] for s in default])[1] or 0.0
+            spread = math.sqrt(((ls or 0.0) ** 2 + dl_std ** 2) / 2)
+            a["delta_loss_vs_default"] = diffs
+            a["delta_mean"] = dm
+            a["delta_std"] = dsd
+            a["seed_spread"] = spread
+            a["same_sign_all_seeds"] = bool(diffs) and (all(d < 0 for d in diffs) or all(d > 0 for d in diffs))
+            # Choice: "exceeds the seed spread" = |mean paired Δ| > 2 × pooled seed std of the two arms and every
+            # seed's paired Δ has the same sign (with one seed: no spread is known -> None).
+            a["exceeds_seed_spread"] = (None if len(common) < 2 else
+                                        bool(dm is not None and abs(dm) > 2 * spread and a["same_sign_all_seeds"]))
+        # κ curve (runs that measured it)
+        kruns = [r for r in rs if r.get("kappa")]
+        if kruns:
+            kr = kruns[0]
+            a["kappa_seed"] = kr["seed"]
+            a["kappa"] = [{k: v for k, v in m.items() if k != "layers"} | {
+                "layer_mean": [l["mean"] for l in m["layers"]],
+                "layer_unmasked_mean": [l.get("unmasked_mean") for l in m["layers"]],
+                "layer_bound": [l["bound"] for l in m["layers"]],
+                "layer_kappa_p": [l["kappa_p"] for l in m["layers"]],
+                "layer_kappa_px": [l["kappa_px"] for l in m["layers"]]} for m in kr["kappa"]]
+        s0 = rs[0]["step0"]
+        a["step0"] = dict(
+            uniform_causal_entropy=s0["uniform_causal_entropy"],
+            attn_entropy=[l["attn_entropy"] for l in s0["layers"]],
+            logit_std=[l["logit_std"] for l in s0["layers"]],
+            max_prob=[l["max_prob"] for l in s0["layers"]],
+            x_rms=[l["x_rms"] for l in s0["layers"]], q_rms=[l["q_rms"] for l in s0["layers"]],
+            v_rms=[l["v_rms"] for l in s0["layers"]], attn_out_rms=[l["attn_out_rms"] for l in s0["layers"]],
+            resid_rms=[l["resid_rms"] for l in s0["layers"]], logits_std=s0["logits_std"])
+        a["eval_curves"] = {r["seed"]: r["eval_curve"] for r in rs}
+        a["train_curves"] = {r["seed"]: [[t[0], t[1]] for t in r["train_curve"]] for r in rs}
+        out["arms"][arm] = a
+    return out
+
+
+def _fmt(x, nd=3):
+    if x is None:
+        return "–"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, float) and (abs(x) >= 1e4 or (0 < abs(x) < 1e-3)):
+        return f"{x:.2e}"
+    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def arm_order(arms):
+    order = list(C.ARMS)
+    return sorted(arms, key=lambda a: order.index(a) if a in order else len(order))
+
+
+def markdown(results: dict) -> str:
+    lines = []
+    base = results["settings"].get("base")
+    info = results["data"]
+    lines.append(f"Data: `{os.path.basename(info.get('path', '?'))}`, {info.get('train_tokens')} training tokens, "
+                 f"{info.get('val_tokens')} held-out tokens (BPE vocab {info.get('vocab_size')}, block "
+                 f"{info.get('block_size')}).\n")
+    if base:
+        spec = results["base_spec"]
+        a0 = next(iter(base["arms"].values()))
+        lines.append(f"Model: GPT-2 {spec['n_layer']} layers × {spec['n_embd']} wide, {spec['n_head']} heads, context "
+                     f"{spec['block_size']}; {spec['steps']} steps × batch {spec['batch_size']} × {spec['block_size']}"
+                     f" tokens = {a0.get('epochs', 0):.2f} epochs of the training split; AdamW lr {spec['lr']}, "
+                     f"β (0.9, 0.95), wd 0.1, warmup {spec['warmup']}, cosine, clip 1.0.\n")
+        lines.append("| arm | seeds | eval ppl (mean ± std) | eval loss | Δ loss vs default (paired, mean ± std) | "
+                     "exceeds seed spread | steps to default's final loss (ratio) | tokens/s |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for arm in arm_order(base["arms"]):
+            a = base["arms"][arm]
+            delta = "–" if arm == "default" else f"{_fmt(a.get('delta_mean'))} ± {_fmt(a.get('delta_std'))}"
+            exc = "–" if arm == "default" else {True: "yes", False: "no", None: "n/a (1 seed)"}[
+                a.get("exceeds_seed_spread")]
+            st = a.get("steps_to_default_final_mean")
+            reach = (f"{st:.0f} ({a['ratio_to_run_length']:.2f}), {a['n_reached']}/{len(a['seeds'])} seeds"
+                     if st is not None else f"not reached (0/{len(a['seeds'])})")
+            lines.append(f"| {arm} | {len(a['seeds'])} | {_fmt(a['ppl_mean'], 2)} ± {_fmt(a['ppl_std'], 2)} | "
+                         f"{_fmt(a['loss_mean'])} | {delta} | {exc} | {reach} | {_fmt(a['tokens_per_s'], 0)} |")
+        lines.append("")
+        lines.append("κ(J) of the attention Jacobian (mean over layers of the per-layer mean over heads; probe "
+                     f"{spec['kappa_probe'][0]} × {spec['kappa_probe'][1]} held-out tokens; causal = the mask the "
+                     "model uses, unmasked = same heads without it; bound = surrogate of METHODS.md §1, causal):\n")
+        lines.append("| arm | step | κ causal | κ unmasked | bound | κ(P) layer 0 | saturated heads | s/measurement |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for arm in arm_order(base["arms"]):
+            for m in base["arms"][arm].get("kappa", []):
+                lines.append(f"| {arm} | {m['step']} | {_fmt(m['mean'], 1)} | {_fmt(m.get('unmasked_mean'), 1)} | "
+                             f"{_fmt(m['bound_mean'], 1)} | {_fmt(m['layer_kappa_p'][0], 1)} | "
+                             f"{m['n_saturated']}/{m['n_heads']} | {_fmt(m['seconds'], 1)} |")
+        lines.append("")
+        lines.append("Step-0 diagnostics (first seed; per layer 0..L-1): initial eval loss, softmax attention entropy "
+                     "(nats; uniform causal attention = "
+                     f"{_fmt(next(iter(base['arms'].values()))['step0']['uniform_causal_entropy'], 2)}), std of "
+                     "the attention logits, RMS of V and of the attention block output:\n")
+        lines.append("| arm | initial loss | attention entropy | logit std | V rms | attn out rms | logits std |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for arm in arm_order(base["arms"]):
+            s = base["arms"][arm]["step0"]
+            j = lambda xs, nd=2: " / ".join(_fmt(x, nd) for x in xs)  # noqa: E731
+            lines.append(f"| {arm} | {_fmt(base['arms'][arm]['initial_eval_loss'])} | {j(s['attn_entropy'])} | "
+                         f"{j(s['logit_std'])} | {j(s['v_rms'])} | {j(s['attn_out_rms'], 3)} | "
+                         f"{_fmt(s['logits_std'], 2)} |")
+        lines.append("")
+    sweep = {k: v for k, v in results["settings"].items() if k != "base"}
+    if sweep:
+        lines.append("Sweep (conditioned vs default; the default arm of gain-only settings is the base default; "
+                     "Δ = conditioned − default final eval loss, paired by seed):\n")
+        lines.append("| setting | seeds | default loss | conditioned loss | Δ | conditioned wins | "
+                     "cond. step-0 entropy (layers) | default step-0 entropy |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for name, agg in results["settings"].items():
+            arms = agg["arms"]
+            if "conditioned" not in arms or "default" not in arms:
+                continue
+            c, d = arms["conditioned"], arms["default"]
+            common = sorted(set(c["seeds"]) & set(d["seeds"]))
+            diffs = [c["final_eval_loss"][c["seeds"].index(s)] - d["final_eval_loss"][d["seeds"].index(s)]
+                     for s in common]
+            dm = statistics.fmean(diffs) if diffs else None
+            j = lambda xs: " / ".join(_fmt(x, 2) for x in xs)  # noqa: E731
+            lines.append(f"| {name} | {len(common)} | {_fmt(d['loss_mean'])} | {_fmt(c['loss_mean'])} | {_fmt(dm)} "
+                         f"| {'yes' if dm is not None and dm < 0 else 'no'} | {j(c['step0']['attn_entropy'])} | "
+                         f"{j(d['step0']['attn_entropy'])} |")
+        lines.append("")
+    lines.append(f"Criterion: a difference *exceeds the seed spread* when |mean paired Δ| > 2 × the pooled seed std "
+                 "of the two arms and all seeds agree in sign. Steps to default's final loss: first crossing of the "
+                 "mean final eval-curve loss of default (eval-curve subset, linear interpolation).")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    colors = {a: plt.cm.tab10(i) for i, a in enumerate(C.ARMS)}
+    base = results["settings"].get("base")
+    if base:
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+        for arm in arm_order(base["arms"]):
+            a = base["arms"][arm]
+            for key, ax in (("eval_curves", axes[0]), ("train_curves", axes[1])):
+                curves = list(a[key].values())
+                steps = [p[0] for p in curves[0]]
+                n = min(len(c) for c in curves)
+                mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
+                ax.plot(steps[:n], mean, label=f"{arm}", color=colors.get(arm), lw=1.4)
+                if len(curves) > 1:
+                    lo = [min(c[i][1] for c in curves) for i in range(n)]
+                    hi = [max(c[i][1] for c in curves) for i in range(n)]
+                    ax.fill_between(steps[:n], lo, hi, color=colors.get(arm), alpha=0.12)
+        if "target_eval_loss" in base:
+            axes[0].axhline(base["target_eval_loss"], color="k", ls=":", lw=0.8, label="default final")
+        axes[0].set_title("held-out loss (eval subset; mean, band = min..max over seeds)")
+        axes[1].set_title("training loss (mean over log interval)")
+        for ax in axes:
+            ax.set_xlabel("step")
+            ax.set_ylabel("cross-entropy (nats/token)")
+            ax.grid(alpha=0.3)
+        lo_all = min(min(p[1] for c in base["arms"][a]["eval_curves"].values() for p in c) for a in base["arms"])
+        axes[0].set_ylim(lo_all - 0.1, lo_all + 2.5)
+        axes[1].set_ylim(lo_all - 0.3, lo_all + 2.5)
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        p = os.path.join(out, "loss.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+
+        if any(a.get("kappa") for a in base["arms"].values()):
+            fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+            for arm in arm_order(base["arms"]):
+                ks = base["arms"][arm].get("kappa")
+                if not ks:
+                    continue
+                st = [m["step"] for m in ks]
+                axes[0].plot(st, [m["mean"] for m in ks], "o-", label=arm, color=colors.get(arm))
+                axes[1].plot(st, [m.get("unmasked_mean") or float("nan") for m in ks], "o-", label=arm,
+                             color=colors.get(arm))
+                axes[2].plot(st, [m["bound_mean"] for m in ks], "o--", label=arm, color=colors.get(arm))
+            for ax, t in zip(axes, ("κ(J), causal mask (as used)", "κ(J), unmasked", "surrogate bound (causal)")):
+                ax.set_yscale("log")
+                ax.set_xlabel("step")
+                ax.set_title(t)
+                ax.grid(alpha=0.3, which="both")
+            axes[0].legend(fontsize=8)
+            fig.tight_layout()
+            p = os.path.join(out, "kappa.png")
+            fig.savefig(p, dpi=110)
+            plt.close(fig)
+            written.append(p)
+    sweep = [(k, v) for k, v in results["settings"].items() if k != "base"]
+    if sweep:
+        n = len(sweep)
+        cols = min(4, n)
+        rows = math.ceil(n / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+        for ax, (name, agg) in zip(axes.flat, sweep):
+            arms = dict(agg["arms"])
+            if "default" not in arms and base and "default" in base["arms"]:
+                arms["default"] = base["arms"]["default"]
+            for arm in arm_order(arms):
+                for s, c in arms[arm]["eval_curves"].items():
+                    ax.plot([p[0] for p in c], [p[1] for p in c], color=colors.get(arm), lw=1.2,
+                            label=arm if str(s) == str(min(arms[arm]["eval_curves"], key=str)) else None)
+            ax.set_title(name, fontsize=9)
+            lo = min(p[1] for a in arms.values() for c in a["eval_curves"].values() for p in c)
+            ax.set_ylim(lo - 0.1, lo + 2.0)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        fig.tight_layout()
+        p = os.path.join(out, "sweep.png")
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        written.append(p)
+    return written
+
+
+def report(args, out: str, settings: dict) -> dict:
+    recs_by_setting: dict[str, list] = {}
+    runs_dir = os.path.join(out, "runs")
+    for root, _, files in os.walk(runs_dir):
+        for fn in files:
+            if fn.endswith(".json"):
+                with open(os.path.join(root, fn)) as f:
+                    r = json.load(f)
+                recs_by_setting.setdefault(r["setting"], []).append(r)
+    if not recs_by_setting:
+        raise SystemExit(f"no finished runs under {runs_dir}")
+    base_recs = recs_by_setting.get("base", [])
+    results = {"machine": C.machine_info(), "settings": {}, "argv": sys.argv[1:],
+               "data": (base_recs or next(iter(recs_by_setting.values())))[0]["data"]}
+    if base_recs:
+        spec = dict(base_recs[0]["spec"])
+        for k in ("arm", "seed", "setting"):
+            spec.pop(k, None)
+        results["base_spec"] = spec
+    for name in sorted(recs_by_setting, key=lambda n: (n != "base", n)):
+        recs = list(recs_by_setting[name])
+        if not any(r["arm"] == "default" for r in recs):
+            # the default arm ignores the gains: take it from the setting with the same non-gain options
+            def core(r):
+                return {k: v for k, v in r["spec"].items() if k in SWEEP_KEYS and k not in GAIN_KEYS}
+
+            want = core(recs[0])
+            seeds = {r["seed"] for r in recs}
+            recs += [r for rs in recs_by_setting.values() for r in rs
+                     if r["arm"] == "default" and r["seed"] in seeds and core(r) == want]
+        results["settings"][name] = aggregate_setting(recs)
+        if name != "base":
+            results["settings"][name]["overrides"] = {k: v for k, v in recs[0]["spec"].items() if k in SWEEP_KEYS}
+    results["total_train_seconds"] = sum(r["train_seconds"] for rs in recs_by_setting.values() for r in rs)
+    results["total_kappa_seconds"] = sum(r["kappa_seconds"] for rs in recs_by_setting.values() for r in rs)
+    results["n_runs"] = sum(len(v) for v in recs_by_setting.values())
+    C.write_json(os.path.join(out, "results.json"), results)
+    md = markdown(results)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(md)
+    written = plots(results, out)
+    if args.copy_plots:
+        os.makedirs(args.copy_plots, exist_ok=True)
+        for p in written:
+            shutil.copy(p, os.path.join(args.copy_plots, os.path.basename(p)))
+    results["plots"] = written
+    return results
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "compare_quick" if args.quick else "compare")
+    os.makedirs(out, exist_ok=True)
+    runs, settings = plan_runs(args)
+    if args.report_only:
+        return report(args, out, settings)
+    C.set_threads(args.threads)
+    C.quiet_transformers()
+    from tqdm.auto import tqdm
+
+    t0 = time.time()
+    data = C.prepare_data(block_size=runs[0].block_size if runs else 256,
+                          cache_dir=os.path.join(out, "cache"), **data_kwargs(args))
+    if any(r.block_size != data.info["block_size"] for r in runs):
+        raise SystemExit("all runs of one invocation must share --block-size")
+    todo = [r for r in runs if not finished(run_path(out, r), r)]
+    print(f"[compare] {len(runs)} runs planned, {len(runs) - len(todo)} already finished; output {out}",
+          file=sys.stderr)
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", dynamic_ncols=True)
+    skipped_locked = []
+    for spec in todo:
+        path = run_path(out, spec)
+        if finished(path, spec):
+            bar.update(1)
+            continue
+        if not claim(path):
+            skipped_locked.append(path)
+            continue
+        try:
+            bar.set_postfix_str(f"{spec.setting}/{spec.arm}/seed{spec.seed}")
+
+            def progress(step, total, loss, _spec=spec):
+                if step % max(1, total // 10) == 0:
+                    bar.set_postfix_str(f"{_spec.setting}/{_spec.arm}/s{_spec.seed} {step}/{total} loss {loss:.3f}")
+
+            rec = C.train_run(spec, data, progress=progress)
+            rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            rec["loadavg_1m_at_end"] = os.getloadavg()[0]
+            C.write_json(path, rec)
+        finally:
+            try:
+                os.remove(path + ".lock")
+            except FileNotFoundError:
+                pass
+        bar.update(1)
+    bar.close()
+    if skipped_locked:
+        print(f"[compare] {len(skipped_locked)} runs are being done by another worker; run --report-only when "
+              "they are finished", file=sys.stderr)
+    print(f"[compare] done in {time.time() - t0:.0f} s", file=sys.stderr)
+    if args.no_report:
+        return {}
+    return report(args, out, settings)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Text data for the example scripts: load, validate, tokenize and pack.
+
+Shared by ``run_clm.py`` and ``run_mlm.py``. Mirrors the Hugging Face example scripts, with the checks they lack:
+
+- local ``txt``-like files (``.txt``, ``.text``, ``.raw``, ``.tokens``) through the ``datasets`` ``text`` builder,
+  ``.json`` / ``.jsonl`` through the ``json`` builder; anything else, a missing file or an empty file raises a
+  ``ValueError`` naming the file before any work is done;
+- blank lines: the ``text`` builder keeps them as empty rows (WikiText has one between every paragraph);
+  rows whose text is only whitespace are dropped (``drop_blank=True``), after the validation split is taken, so
+  the split boundary does not depend on that choice;
+- a validation split when none is given: the first ``validation_split_percentage`` % of the training rows
+  (contiguous, as in HF's ``train[:p%]``), the rest for training; deterministic, seed-free, and the same for
+  every init arm;
+- packing: concatenate the tokenized rows and cut into ``block_size`` chunks, dropping the remainder;
+  ``labels = input_ids`` for causal LM (:func:`group_texts`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+TEXT_EXTENSIONS = ("txt", "text", "raw", "tokens")
+JSON_EXTENSIONS = ("json", "jsonl")
+
+__all__ = [
+    "TEXT_EXTENSIONS",
+    "JSON_EXTENSIONS",
+    "check_data_file",
+    "load_raw_datasets",
+    "drop_blank_rows",
+    "tokenize_datasets",
+    "group_texts",
+    "pack_datasets",
+]
+
+
+def check_data_file(path: str, arg_name: str = "train_file") -> str:
+    """Validate a local data file; return the ``datasets`` builder name (``"text"`` or ``"json"``).
+
+    Raises ``ValueError`` (with the flag name and the path) when the file is missing, is a directory, is empty
+    or whitespace-only, or has an extension that is not supported.
+    """
+    if not os.path.exists(path):
+        raise ValueError(f"--{arg_name} {path!r} does not exist.")
+    if os.path.isdir(path):
+        raise ValueError(f"--{arg_name} {path!r} is a directory; pass a .txt/.raw/.tokens/.json/.jsonl file.")
+    ext = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
+    if ext in TEXT_EXTENSIONS:
+        builder = "text"
+    elif ext in JSON_EXTENSIONS:
+        builder = "json"
+    else:
+        raise ValueError(
+            f"--{arg_name} {path!r}: unsupported extension {ext!r}; use one of "
+            f"{', '.join(TEXT_EXTENSIONS + JSON_EXTENSIONS)}."
+        )
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"--{arg_name} {path!r} is empty.")
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    if not head.strip():
+        # a file of only whitespace (possibly > 1 MiB of it): check the rest too
+        with open(path, "rb") as f:
+            if not any(chunk.strip() for chunk in iter(lambda: f.read(1 << 20), b"")):
+                raise ValueError(f"--{arg_name} {path!r} contains only whitespace.")
+    return builder
+
+
+def drop_blank_rows(ds, text_column: str = "text"):
+    """Drop rows whose ``text_column`` is empty or whitespace-only (works on Dataset and DatasetDict)."""
+    return ds.filter(lambda batch: [bool(t and t.strip()) for t in batch[text_column]], batched=True)
+
+
+def _resolve_text_column(ds, text_column: str | None) -> str:
+    cols = ds.column_names
+    if isinstance(cols, dict):  # DatasetDict
+        cols = next(iter(cols.values()))
+    if text_column is not None:
+        if text_column not in cols:
+            raise ValueError(f"text column {text_column!r} not found; the data has columns {cols}.")
+        return text_column
+    if "text" in cols:
+        return "text"
+    if len(cols) == 1:
+        return cols[0]
+    raise ValueError(f"cannot tell which column holds the text among {cols}; pass --text_column.")
+
+
+def load_raw_datasets(
+    *,
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    validation_split_percentage: float = 5,
+    text_column: str | None = None,
+    keep_linebreaks: bool = True,
+    drop_blank: bool = True,
+    cache_dir: str | None = None,
+    token: str | bool | None = None,
+    streaming: bool = False,
+):
+    """Load a ``DatasetDict`` with a ``train`` split and, when possible, a ``validation`` split.
+
+    Exactly one source: ``dataset_name`` (hub, with optional ``dataset_config_name``; needs network unless
+    cached) or ``train_file`` (local; ``validation_file`` optional). Without a validation set, the first
+    ``validation_split_percentage`` % of the training rows become one (0 disables evaluation data).
+
+    Returns ``(raw_datasets, text_column)``; the text column is renamed to nothing, just resolved.
+    """
+    from datasets import DatasetDict, load_dataset
+
+    if dataset_name is None and train_file is None:
+        raise ValueError("need --dataset_name or --train_file")
+    if dataset_name is not None and train_file is not None:
+        raise ValueError("pass either --dataset_name or --train_file, not both")
+    if validation_file is not None and train_file is None:
+        raise ValueError("--validation_file needs --train_file")
+    if not 0 <= validation_split_percentage < 100:
+        raise ValueError(f"--validation_split_percentage must be in [0, 100), got {validation_split_percentage}")
+
+    common = dict(cache_dir=cache_dir)
+    if dataset_name is not None:
+        common.update(token=token, streaming=streaming)
+        raw = load_dataset(dataset_name, dataset_config_name, **common)
+        if "train" not in raw:
+            raise ValueError(f"dataset {dataset_name!r} has no 'train' split (splits: {list(raw)})")
+        if "validation" not in raw and validation_split_percentage > 0:
+            if streaming:
+                raise ValueError(f"dataset {dataset_name!r} has no validation split; not supported with streaming")
+            pct = validation_split_percentage
+            raw = DatasetDict(
+                validation=load_dataset(dataset_name, dataset_config_name, split=f"train[:{pct}%]", **common),
+                train=load_dataset(dataset_name, dataset_config_name, split=f"train[{pct}%:]", **common),
+            )
+        builder = None
+    else:
+        builder = check_data_file(train_file, "train_file")
+        data_files = {"train": train_file}
+        if validation_file is not None:
+            vbuilder = check_data_file(validation_file, "validation_file")
+            if vbuilder != builder:
+                raise ValueError(
+                    f"--train_file is {builder} but --validation_file is {vbuilder}; use the same format for both"
+                )
+            data_files["validation"] = validation_file
+        kwargs = dict(common)
+        if builder == "text":
+            kwargs["keep_linebreaks"] = keep_linebreaks
+        raw = load_dataset(builder, data_files=data_files, **kwargs)
+        if "validation" not in raw and validation_split_percentage > 0:
+            pct = validation_split_percentage
+            raw = DatasetDict(
+                validation=load_dataset(builder, data_files=data_files, split=f"train[:{pct}%]", **kwargs),
+                train=load_dataset(builder, data_files=data_files, split=f"train[{pct}%:]", **kwargs),
+            )
+
+    column = _resolve_text_column(raw, text_column)
+    if drop_blank and not streaming:
+        raw = drop_blank_rows(raw, column)
+    if not streaming:
+        if len(raw["train"]) == 0:
+            raise ValueError(f"the training data ({train_file or dataset_name}) has no non-blank rows")
+        if "validation" in raw and len(raw["validation"]) == 0:
+            raise ValueError(
+                f"the validation data ({validation_file or 'split of the training data'}) has no non-blank rows; "
+                "pass a bigger --validation_split_percentage or a --validation_file"
+            )
+    return raw, column
+
+
+def tokenize_datasets(
+    raw,
+    tokenizer,
+    text_column: str = "text",
+    *,
+    num_proc: int | None = None,
+    load_from_cache_file: bool = True,
+    append_eos: bool = False,
+    main_process_first: Callable[[], contextlib.AbstractContextManager] | None = None,
+):
+    """Tokenize every split, keeping only the tokenizer's outputs (``input_ids``, ``attention_mask``, ...).
+
+    ``append_eos`` adds ``tokenizer.eos_token_id`` after every row (use it for data with one document per row;
+    for line-based text files, keep the line breaks instead, as HF's ``run_clm`` does).
+    """
+    ctx = main_process_first or contextlib.nullcontext
+    eos = tokenizer.eos_token_id
+
+    def fn(batch):
+        out = tokenizer(batch[text_column], verbose=False)
+        if append_eos:
+            if eos is None:
+                raise ValueError("append_eos=True but the tokenizer has no eos_token")
+            out["input_ids"] = [ids + [eos] for ids in out["input_ids"]]
+            if "attention_mask" in out:
+                out["attention_mask"] = [m + [1] for m in out["attention_mask"]]
+        return out
+
+    any_split = next(iter(raw.values()))
+    remove = any_split.column_names
+    with ctx():
+        kwargs = {}
+        if hasattr(any_split, "num_rows"):  # map-style
+            kwargs = dict(num_proc=num_proc, load_from_cache_file=load_from_cache_file, desc="tokenizing")
+        return raw.map(fn, batched=True, remove_columns=remove, **kwargs)
+
+
+def group_texts(examples: dict, block_size: int, *, add_labels: bool = True) -> dict:
+    """Concatenate a batch of tokenized rows and cut into ``block_size`` chunks (remainder dropped)."""
+    concatenated = {k: sum(examples[k], []) for k in examples.keys()}
+    total = len(concatenated[next(iter(examples.keys()))])
+    total = (total // block_size) * block_size
+    result = {k: [t[i : i + block_size] for i in range(0, total, block_size)] for k, t in concatenated.items()}
+    if add_labels:
+        result["labels"] = [ids[:] for ids in result["input_ids"]]
+    return result
+
+
+def pack_datasets(
+    tokenized,
+    block_size: int,
+    *,
+    num_proc: int | None = None,
+    load_from_cache_file: bool = True,
+    add_labels: bool = True,
+    map_batch_size: int = 1000,
+    main_process_first: Callable[[], contextlib.AbstractContextManager] | None = None,
+):
+    """Apply :func:`group_texts` to every split and check the training split holds at least one block.
+
+    Packing works per ``map_batch_size`` rows (as in HF ``run_clm``), so each map batch drops its own remainder.
+    """
+    ctx = main_process_first or contextlib.nullcontext
+    any_split = next(iter(tokenized.values()))
+    kwargs = {}
+    if hasattr(any_split, "num_rows"):
+        kwargs = dict(num_proc=num_proc, load_from_cache_file=load_from_cache_file, desc=f"packing into {block_size}")
+    with ctx():
+        packed = tokenized.map(
+            lambda ex: group_texts(ex, block_size, add_labels=add_labels),
+            batched=True,
+            batch_size=map_batch_size,
+            **kwargs,
+        )
+    for split in packed:
+        if hasattr(packed[split], "num_rows") and packed[split].num_rows == 0:
+            n_tok = sum(len(x) for x in tokenized[split]["input_ids"])
+            raise ValueError(
+                f"the {split} split has {n_tok} tokens, fewer than one block of --block_size {block_size} "
+                f"per {map_batch_size} rows; give more data or a smaller --block_size"
+            )
+    return packed

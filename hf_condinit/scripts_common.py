@@ -1,0 +1,363 @@
+"""Pieces shared by the example scripts (``run_clm.py``, ``run_mlm.py``, ``run_glue.py``).
+
+- :class:`CondInitArguments`: the ``--init`` / ``--attention`` / method-option flags, mapping 1:1 to
+  :class:`hf_condinit.config.CondInitConfig` (DESIGN.md §7.3.7); :meth:`CondInitArguments.condinit_dict` builds the
+  ``condinit=`` dict for ``from_config`` (seeded from ``--seed`` unless ``--condinit_seed`` is given).
+- :func:`parse_args_with_defaults`: ``HfArgumentParser`` parsing (command line or a single ``.json`` file) where a
+  set of defaults replaces the dataclass defaults *only for flags the user did not give* (see below).
+- :data:`LM_TRAINING_DEFAULTS`: the LM settings of METHODS.md §7.
+- :func:`validate_deepspeed_config`: contradictions between a DeepSpeed config and the flags, raised before any
+  data or model work (the Trainer would only raise them when training starts).
+- :class:`CondInitTrainer`: a ``Trainer`` whose weight-decay rule also exempts ``condinit_`` holder parameters.
+- :func:`make_condition_number_callback`: wires ``--log_condition_number_every N`` to
+  ``hf_condinit.diagnostics.ConditionNumberCallback``.
+
+How "not set by the user" is detected: the defaults are installed as *parser* defaults with
+``HfArgumentParser.set_defaults`` (argparse's own mechanism), so an explicit flag always wins and an absent flag
+takes the LM default; for a ``.json`` argument file, the defaults are merged under the file's keys before
+``parse_dict``. No value is compared against HF's own defaults (``--weight_decay 0.0`` given explicitly stays 0.0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CondInitArguments",
+    "LM_TRAINING_DEFAULTS",
+    "parse_args_with_defaults",
+    "flags_given",
+    "validate_deepspeed_config",
+    "CondInitTrainer",
+    "no_decay_parameter_names",
+    "make_condition_number_callback",
+    "known_attention_names",
+    "known_init_names",
+    "setup_logging",
+    "select_splits",
+]
+
+# METHODS.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
+# the hardware (pass --bf16 on GPUs that have it; the DeepSpeed configs use "auto").
+LM_TRAINING_DEFAULTS: dict[str, Any] = {
+    "optim": "adamw_torch",
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "weight_decay": 0.1,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.05,  # < 1: a fraction of the total steps (transformers 5 semantics)
+    "max_grad_norm": 1.0,
+    "learning_rate": 3e-4,
+    "logging_steps": 50,
+}
+
+_BUILTIN_ATTENTION = ("sdpa", "eager")
+_FALLBACK_VARIANTS = ("affine_scaled", "attention_sink", "preconditioned")
+
+
+def known_init_names() -> list[str]:
+    """Init scheme names: the registry's (``hf_condinit.registry.INIT_SCHEMES``) or the built-in three."""
+    names: list[str] = []
+    try:
+        import hf_condinit  # noqa: F401  (registers the schemes)
+        from hf_condinit.config import INIT_METHODS
+        from hf_condinit.registry import INIT_SCHEMES
+
+        names = list(dict.fromkeys([*INIT_METHODS, *INIT_SCHEMES]))
+    except ImportError:  # pragma: no cover - package partially installed
+        names = ["default", "mimetic", "conditioned"]
+    return names
+
+
+def known_attention_names() -> list[str]:
+    """Attention implementations accepted by ``--attention``: sdpa, eager, hf_condinit's variants and anything
+    registered with HF's ``AttentionInterface`` (flash_attention_2, flex_attention, ...)."""
+    names = list(_BUILTIN_ATTENTION)
+    try:
+        import hf_condinit  # noqa: F401  (registers the variants)
+        from hf_condinit.registry import ATTENTION_VARIANTS
+
+        names += list(ATTENTION_VARIANTS)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from transformers import AttentionInterface
+
+        names += list(AttentionInterface._global_mapping)
+    except Exception:  # pragma: no cover - private attribute moved
+        pass
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class CondInitArguments:
+    """Flags of the attention initialisation and variants; each option maps 1:1 to a ``CondInitConfig`` field.
+
+    Options left at ``None`` are not passed, so ``CondInitConfig``'s own defaults apply (METHODS.md §1-5).
+    """
+
+    init: str = field(
+        default="default",
+        metadata={"help": "Attention init scheme: default (the model's own), mimetic, or conditioned."},
+    )
+    attention: str = field(
+        default="sdpa",
+        metadata={
+            "help": "Attention implementation: sdpa, eager, or an hf_condinit variant (affine_scaled, "
+            "attention_sink, preconditioned)."
+        },
+    )
+    condinit_seed: int | None = field(
+        default=None, metadata={"help": "Seed of the init scheme's generators (default: --seed)."}
+    )
+    value_init: str | None = field(default=None, metadata={"help": "conditioned: 'block' (default) or 'per_head'."})
+    qk_gain: float | None = field(default=None, metadata={"help": "conditioned: scale of the Q/K blocks (default 1)."})
+    v_gain: float | None = field(default=None, metadata={"help": "conditioned: scale of the V identity (default 1)."})
+    mimetic_alpha1: float | None = field(default=None, metadata={"help": "mimetic α1 (default 0.7)."})
+    mimetic_beta1: float | None = field(default=None, metadata={"help": "mimetic β1 (default 0.7)."})
+    mimetic_alpha2: float | None = field(default=None, metadata={"help": "mimetic α2 (default 0.4)."})
+    mimetic_beta2: float | None = field(default=None, metadata={"help": "mimetic β2 (default 0.4)."})
+    mimetic_vo_sign: int | None = field(default=None, metadata={"help": "mimetic sign of the VO identity (-1|+1)."})
+    mimetic_dist: str | None = field(default=None, metadata={"help": "mimetic Z distribution: uniform|normal."})
+    spectral_lambda: float | None = field(
+        default=None, metadata={"help": "Enable spectral conditioning with this λ (paper's best: 10)."}
+    )
+    spectral_mode: str | None = field(default=None, metadata={"help": "spectral: identity (default) or svd."})
+    affine_rho: float | None = field(default=None, metadata={"help": "affine_scaled: EMA factor of α_ma (0.9)."})
+    affine_bias_length: str | None = field(default=None, metadata={"help": "affine_scaled: visible|full."})
+    precond_eps: float | None = field(default=None, metadata={"help": "preconditioned: ε (1e-6)."})
+    precond_scale: str | None = field(default=None, metadata={"help": "preconditioned: none|sqrt_d."})
+    log_condition_number_every: int = field(
+        default=0,
+        metadata={"help": "Log the attention-Jacobian κ every N optimizer steps (and at step 0); 0 disables."},
+    )
+    condition_number_probe_size: int = field(
+        default=2, metadata={"help": "Sequences in the κ probe batch (taken from the evaluation data)."}
+    )
+    condition_number_probe_length: int = field(
+        default=32, metadata={"help": "Tokens per probe sequence for the κ diagnostic."}
+    )
+
+    # Fields that are CondInitConfig options (same names).
+    _OPTION_FIELDS = (
+        "value_init", "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2", "mimetic_beta2",
+        "mimetic_vo_sign", "mimetic_dist", "spectral_lambda", "spectral_mode", "affine_rho", "affine_bias_length",
+        "precond_eps", "precond_scale",
+    )  # fmt: skip
+
+    def __post_init__(self):
+        if self.log_condition_number_every < 0:
+            raise ValueError(f"--log_condition_number_every must be >= 0, got {self.log_condition_number_every}")
+        self.validate_names()
+
+    def validate_names(self) -> None:
+        """Raise a ``ValueError`` for an unknown ``--init`` or ``--attention`` name, listing the accepted ones."""
+        inits = known_init_names()
+        if self.init not in inits and self.init != "orthogonal":
+            raise ValueError(f"unknown --init {self.init!r}; choose one of: {', '.join(inits)}")
+        atts = known_attention_names()
+        if self.attention not in atts:
+            raise ValueError(f"unknown --attention {self.attention!r}; choose one of: {', '.join(atts)}")
+
+    def condinit_dict(self, seed: int) -> dict[str, Any]:
+        """The ``condinit=`` dict for ``from_config``: method, seed, and every option the user set.
+
+        Validated through ``CondInitConfig`` so a bad option (e.g. ``--value_init diagonal``) fails here.
+        """
+        out: dict[str, Any] = {"method": self.init, "seed": self.condinit_seed if self.condinit_seed is not None else seed}
+        for name in self._OPTION_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        try:
+            from hf_condinit.config import CondInitConfig
+        except ImportError:  # pragma: no cover
+            return out
+        CondInitConfig.from_dict(dict(out))  # raises ValueError with the accepted values
+        return out
+
+
+def flags_given(argv: list[str], names) -> set[str]:
+    """Which of ``names`` (dataclass field names) appear on the command line ``argv`` (``--name``, ``--name=x``,
+    or the dashed alias); for a single ``.json`` argument, which are keys of that file."""
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        with open(argv[0]) as f:
+            keys = set(json.load(f))
+        return {n for n in names if n in keys}
+    given = set()
+    for n in names:
+        for spelling in {n, n.replace("_", "-")}:
+            flag = f"--{spelling}"
+            if any(a == flag or a.startswith(flag + "=") for a in argv):
+                given.add(n)
+    return given
+
+
+def parse_args_with_defaults(parser, argv: list[str] | None, defaults: dict[str, Any]):
+    """Parse ``argv`` (a list of flags, or one ``.json`` path) into the parser's dataclasses, with ``defaults``
+    replacing the dataclass defaults for every flag the user did not give."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    fields = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype)}
+    unknown = set(defaults) - fields
+    if unknown:
+        raise KeyError(f"defaults for unknown fields: {sorted(unknown)}")
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        with open(os.path.abspath(argv[0])) as f:
+            given = json.load(f)
+        return parser.parse_dict({**defaults, **given})
+    parser.set_defaults(**defaults)
+    return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+
+
+def validate_deepspeed_config(training_args, cond_args: CondInitArguments | None = None) -> None:
+    """Check a DeepSpeed config against the flags before any work is done.
+
+    Raises ``ValueError`` for: values that contradict ``TrainingArguments`` (batch sizes, gradient accumulation,
+    clipping, optimizer/scheduler hyper-parameters, bf16/fp16: HF records these in
+    ``hf_deepspeed_config.mismatches`` while parsing but only raises at the first ``train()`` step), a missing or
+    unknown ZeRO stage, fp16 and bf16 both enabled, and a DeepSpeed ``optimizer`` block together with hf_condinit
+    holder parameters (that path hands DeepSpeed one parameter group, so weight decay would hit the holders and
+    the biases/norms; remove the block to use the Trainer's optimizer with the no-decay groups).
+    """
+    if not getattr(training_args, "deepspeed", None):
+        return
+    hf_ds = getattr(training_args, "hf_deepspeed_config", None)
+    if hf_ds is None:  # pragma: no cover
+        return
+    problems = list(getattr(hf_ds, "mismatches", []))
+    cfg = hf_ds.config
+    zero = cfg.get("zero_optimization", {})
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        problems.append(f"- ds zero_optimization.stage={stage!r} is not one of 0, 1, 2, 3")
+    if hf_ds.is_true("fp16.enabled") and hf_ds.is_true("bf16.enabled"):
+        problems.append("- ds fp16.enabled and bf16.enabled are both true")
+    if (hf_ds.is_true("fp16.enabled") or hf_ds.is_true("bf16.enabled")) and getattr(training_args, "use_cpu", False):
+        if hf_ds.is_true("fp16.enabled"):
+            problems.append("- ds fp16.enabled=true but --use_cpu: DeepSpeed has no fp16 on CPU; use bf16 or fp32")
+    if cond_args is not None and "optimizer" in cfg:
+        uses_holders = cond_args.attention not in _BUILTIN_ATTENTION or cond_args.spectral_lambda is not None
+        if uses_holders:
+            problems.append(
+                f"- ds config has an 'optimizer' block, which gives DeepSpeed a single parameter group, so weight "
+                f"decay would apply to the condinit_ holder parameters of --attention {cond_args.attention}; "
+                f"remove the block (the Trainer then builds AdamW with the no-decay groups)"
+            )
+        else:
+            logger.warning(
+                "The DeepSpeed config has an 'optimizer' block: DeepSpeed will decay every parameter (biases and "
+                "norms included) and may JIT-compile its optimizer. Remove the block to use the Trainer's AdamW."
+            )
+    if problems:
+        raise ValueError(
+            f"The DeepSpeed config {training_args.deepspeed!r} contradicts the command-line flags:\n"
+            + "\n".join(problems)
+            + "\nSet those DeepSpeed values to \"auto\" (the Trainer fills them from the flags) or change the flags."
+        )
+
+
+def no_decay_parameter_names(model) -> set[str]:
+    """Names of the parameters kept out of weight decay: every ``condinit_`` holder parameter, and every
+    parameter with fewer than 2 dimensions (biases, LayerNorm/RMSNorm weights, sink logits): nanoGPT's rule.
+    Under ZeRO-3 the real shape is read from ``ds_shape`` (partitioned parameters are flat).
+
+    Adds the names from ``hf_condinit.attention.no_decay_parameter_names`` when that helper exists."""
+    names = set()
+    for n, p in model.named_parameters():
+        shape = getattr(p, "ds_shape", None)
+        ndim = len(shape) if shape is not None else p.ndim
+        if ndim < 2 or "condinit_" in n:
+            names.add(n)
+    try:
+        from hf_condinit.attention import no_decay_parameter_names as helper
+    except ImportError:
+        helper = None
+    if helper is not None:
+        names |= set(helper(model))
+    return names
+
+
+try:
+    from transformers import Trainer as _Trainer
+except ImportError:  # pragma: no cover
+    _Trainer = object
+
+
+class CondInitTrainer(_Trainer):
+    """``Trainer`` whose weight-decay groups exclude ``condinit_`` holders, biases and norms
+    (:func:`no_decay_parameter_names`). Everything else is the stock Trainer, including resuming."""
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        skip = no_decay_parameter_names(model)
+        return [n for n, _ in model.named_parameters() if n not in skip]
+
+
+def make_condition_number_callback(cond_args: CondInitArguments, dataset, trainer=None):
+    """``hf_condinit.diagnostics.ConditionNumberCallback`` for ``--log_condition_number_every N`` (``None`` when 0).
+
+    The probe (``--condition_number_probe_size`` sequences × ``--condition_number_probe_length`` tokens) is built by
+    the callback from the first examples of ``dataset`` (real tokens, distinct first tokens); κ goes through
+    ``trainer.log`` (keys ``kappa/...``) and to ``<output_dir>/condition_number.jsonl``.
+    """
+    if not cond_args.log_condition_number_every:
+        return None
+    from hf_condinit.diagnostics import ConditionNumberCallback
+
+    callback = ConditionNumberCallback(
+        dataset=dataset,
+        probe_size=cond_args.condition_number_probe_size,
+        probe_length=cond_args.condition_number_probe_length,
+        every_n_steps=cond_args.log_condition_number_every,
+    )
+    if trainer is not None:
+        trainer.add_callback(callback)
+        callback.bind(trainer)
+    return callback
+
+
+def setup_logging(training_args, logger_: logging.Logger | None = None) -> None:
+    """HF-example logging: one stdout handler, per-process level (main process: info, others: warning)."""
+    import sys
+
+    import datasets
+    import transformers
+
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    (logger_ or logger).setLevel(log_level)
+    datasets.utils.logging.set_verbosity(max(log_level, logging.WARNING))
+    transformers.utils.logging.set_verbosity(max(log_level, logging.WARNING))
+    transformers.utils.logging.enable_default_handler()
+    transformers.utils.logging.enable_explicit_format()
+
+
+def select_splits(lm_datasets, training_args, max_train_samples: int | None = None, max_eval_samples: int | None = None):
+    """``(train_dataset, eval_dataset)`` for ``--do_train`` / ``--do_eval`` (``None`` when not requested), truncated to
+    ``--max_train_samples`` / ``--max_eval_samples``. Raises ``ValueError`` when evaluation has no data."""
+    train_dataset = eval_dataset = None
+    if training_args.do_train:
+        train_dataset = lm_datasets["train"]
+        if max_train_samples is not None:
+            train_dataset = train_dataset.select(range(min(len(train_dataset), max_train_samples)))
+    if training_args.do_eval:
+        if "validation" not in lm_datasets:
+            raise ValueError("--do_eval needs validation data: pass --validation_file or --validation_split_percentage > 0")
+        eval_dataset = lm_datasets["validation"]
+        if max_eval_samples is not None:
+            eval_dataset = eval_dataset.select(range(min(len(eval_dataset), max_eval_samples)))
+        if len(eval_dataset) == 0:
+            raise ValueError("the validation set has no full block; give more validation text or a smaller block size")
+    return train_dataset, eval_dataset

@@ -1,0 +1,378 @@
+#!/usr/bin/env python
+"""Masked-language-model pretraining (Crammed BERT by default) with hf_condinit initialisations and attention variants.
+
+HF example structure (``ModelArguments`` / ``DataTrainingArguments`` / ``TrainingArguments``), plus:
+
+- ``CondInitArguments`` (``hf_condinit.scripts_common``, shared with ``run_clm.py``): ``--init
+  {default,mimetic,conditioned}`` (the attention init of a model built from config:
+  ``from_config(config, condinit={"method": init, "seed": seed, ...}, attn_implementation=attention)``),
+  ``--attention {sdpa,eager,affine_scaled,attention_sink,preconditioned}`` and the method options (``--value_init``,
+  ``--qk_gain``, ``--spectral_lambda``, ...); with ``--model_name_or_path`` the attention is changed only when
+  ``--attention`` is given;
+- ``CondInitTrainer``: no weight decay on ``condinit_`` holders, biases, norms and other < 2-D parameters;
+- no ``--model_name_or_path``: a Crammed BERT built from ``CrammedBertConfig`` (METHODS.md §7), adjustable with
+  ``--config_overrides "num_hidden_layers=4,hidden_size=256"``; ``--model_name_or_path`` loads any MLM checkpoint
+  with ``from_pretrained`` (never re-initialised);
+- no ``--tokenizer_name``: an uncased WordPiece tokenizer trained on the training split (saved with the model);
+- crammed recipe defaults: MLM rate 0.25, AdamW β = (0.9, 0.98), ε = 1e-12, weight decay 0.01, peak lr 1e-3,
+  gradient clipping 0.5 and a triangular (one-cycle) schedule. The triangle is HF's ``linear`` scheduler with
+  ``warmup_steps=0.5``: linear warm-up from 0 to the peak over the first half of training, linear decay to 0 over the
+  second half (cramming's ``budget-triangle2``). Pass ``--lr_scheduler_type`` / ``--warmup_steps`` to change it.
+
+Lines that are exactly ``<|endoftext|>`` (TinyStories' document separators) are dropped; the rest of the text is
+tokenized line by line (``[CLS] line [SEP]``) and packed into ``--max_seq_length`` blocks, as HF's ``run_mlm.py``.
+
+Example::
+
+    python run_mlm.py --train_file ../shared/data/tinystories/TinyStories-train.sample-2MiB.txt \\
+        --config_overrides "num_hidden_layers=4,hidden_size=256,num_attention_heads=4,intermediate_size=1024" \\
+        --tokenizer_vocab_size 8192 --max_seq_length 128 --init conditioned --attention sdpa \\
+        --per_device_train_batch_size 64 --max_steps 1000 --output_dir out/mlm_conditioned --do_train --do_eval
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import datasets
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    HfArgumentParser,
+    TrainingArguments,
+    set_seed,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
+from hf_condinit.data.text import load_raw_datasets, pack_datasets, tokenize_datasets
+from hf_condinit.data.tokenizer import batch_iterator
+from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
+from hf_condinit.scripts_common import CondInitArguments, CondInitTrainer, flags_given, validate_deepspeed_config
+
+logger = logging.getLogger(__name__)
+
+DOC_SEPARATORS = ("<|endoftext|>",)
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Checkpoint to continue pretraining (from_pretrained). Default: a new Crammed BERT."},
+    )
+    config_name: str | None = field(
+        default=None, metadata={"help": "Config name or path, if not the same as model_name_or_path."}
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "Override config attributes of a model built from scratch, e.g. "
+            "'num_hidden_layers=4,hidden_size=256,num_attention_heads=4,intermediate_size=1024'."
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer name or path. Default: train a WordPiece on the training data."}
+    )
+    tokenizer_vocab_size: int = field(
+        default=32768, metadata={"help": "Vocabulary size of the WordPiece tokenizer trained when none is given."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for hub downloads."})
+    token: str | None = field(default=None, metadata={"help": "Hub token (hub paths only)."})
+
+
+@dataclass
+class DataTrainingArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset name (needs network)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config name."})
+    train_file: str | None = field(default=None, metadata={"help": "Training text (.txt/.raw/.tokens/.json/.jsonl)."})
+    validation_file: str | None = field(default=None, metadata={"help": "Validation text, same format."})
+    text_column: str | None = field(default=None, metadata={"help": "Text column of json / hub data."})
+    validation_split_percentage: float = field(
+        default=5, metadata={"help": "Without --validation_file: the first N% of the training rows."}
+    )
+    max_seq_length: int = field(default=128, metadata={"help": "Block length after packing (crammed: 128)."})
+    mlm_probability: float = field(default=0.25, metadata={"help": "Masking rate (crammed: 0.25)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the packed training blocks."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the packed evaluation blocks."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for preprocessing."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the cached preprocessing."})
+
+    def __post_init__(self):
+        if self.dataset_name is None and self.train_file is None:
+            raise ValueError("run_mlm.py needs --train_file (a local text file) or --dataset_name (hub).")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}.")
+        if self.max_seq_length < 8:
+            raise ValueError(f"--max_seq_length must be at least 8, got {self.max_seq_length}.")
+
+
+@dataclass
+class MLMTrainingArguments(TrainingArguments):
+    """TrainingArguments with the crammed pretraining recipe as defaults (METHODS.md §7)."""
+
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (crammed: 1e-3)."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW β1."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "AdamW β2 (crammed: 0.98)."})
+    adam_epsilon: float = field(default=1e-12, metadata={"help": "AdamW ε (crammed: 1e-12)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (crammed: 0.01)."})
+    max_grad_norm: float = field(default=0.5, metadata={"help": "Gradient clipping (crammed: 0.5)."})
+    lr_scheduler_type: str = field(
+        default="linear", metadata={"help": "With warmup_steps=0.5 'linear' is the triangular one-cycle schedule."}
+    )
+    warmup_steps: float = field(
+        default=0.5, metadata={"help": "Warm-up steps (>= 1) or fraction of training (< 1); 0.5 = triangle."}
+    )
+    optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (AdamW)."})
+
+
+def build_config(model_args: ModelArguments, vocab_size: int, pad_token_id: int, max_len: int):
+    """The config of a new model: ``--config_name`` or a default Crammed BERT, then ``--config_overrides``."""
+    overrides = {}
+    if model_args.config_overrides:
+        for item in model_args.config_overrides.split(","):
+            if not item.strip():
+                continue
+            if "=" not in item:
+                raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
+            key, value = (s.strip() for s in item.split("=", 1))
+            overrides[key] = value
+    if model_args.config_name:
+        config = AutoConfig.from_pretrained(model_args.config_name, cache_dir=model_args.cache_dir)
+        config_cls = type(config)
+        base = config.to_dict()
+    else:
+        config_cls = CrammedBertConfig
+        base = {}
+    # cast override strings with the types of the defaults (as PreTrainedConfig.update_from_string)
+    reference = config_cls() if not base else config_cls(**base)
+    for key, value in list(overrides.items()):
+        if not hasattr(reference, key):
+            raise ValueError(f"--config_overrides: {config_cls.__name__} has no attribute {key!r}.")
+        old = getattr(reference, key)
+        if isinstance(old, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--config_overrides: {key}={value!r} is not a boolean.")
+            overrides[key] = value.lower() in ("true", "1")
+        elif isinstance(old, int):
+            overrides[key] = int(value)
+        elif isinstance(old, float):
+            overrides[key] = float(value)
+        elif old is None:
+            try:
+                overrides[key] = int(value)
+            except ValueError:
+                try:
+                    overrides[key] = float(value)
+                except ValueError:
+                    overrides[key] = value
+    kwargs = {**base, **overrides}
+    kwargs["vocab_size"] = vocab_size
+    kwargs["pad_token_id"] = pad_token_id
+    kwargs.setdefault("max_position_embeddings", max(max_len, 128))
+    if kwargs["max_position_embeddings"] < max_len:
+        raise ValueError(
+            f"--max_seq_length {max_len} exceeds max_position_embeddings={kwargs['max_position_embeddings']}."
+        )
+    return config_cls(**kwargs)
+
+
+def mlm_accuracy(eval_preds) -> dict:
+    """Masked-token accuracy from (predictions, labels) of the same (batch, seq) shape (see
+    :func:`preprocess_logits_for_metrics`)."""
+    preds, labels = eval_preds
+    preds, labels = np.asarray(preds), np.asarray(labels)
+    mask = labels != -100
+    return {"accuracy": float((preds[mask] == labels[mask]).mean()) if mask.any() else float("nan")}
+
+
+def preprocess_logits_for_metrics(logits, labels):
+    """Argmax predictions shaped like ``labels`` (-100 where unmasked).
+
+    Crammed BERT's sparse head returns logits for the masked positions only, ``(n_masked, vocab)`` in row-major order;
+    they are scattered back to ``(batch, seq)`` so the Trainer can gather and truncate them per sample.
+    """
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    preds = logits.argmax(dim=-1)
+    if preds.shape == labels.shape:
+        return preds
+    mask = labels != -100
+    if preds.ndim != 1 or preds.shape[0] != int(mask.sum()):
+        raise ValueError(f"Cannot align MLM logits of shape {tuple(logits.shape)} with labels {tuple(labels.shape)}.")
+    full = labels.new_full(labels.shape, -100)
+    full[mask] = preds
+    return full
+
+
+def main(argv: list[str] | None = None):
+    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, CondInitArguments, MLMTrainingArguments))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        model_args, data_args, cond_args, training_args = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    else:
+        model_args, data_args, cond_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    attention_given = "attention" in flags_given(argv, ["attention"])
+    if training_args.deepspeed:
+        validate_deepspeed_config(training_args, cond_args)
+
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    logger.info(f"Training/evaluation parameters {training_args}")
+
+    last_checkpoint = None
+    if os.path.isdir(training_args.output_dir) and training_args.do_train:
+        last_checkpoint = get_last_checkpoint(training_args.output_dir)
+        if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
+            logger.info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
+
+    set_seed(training_args.seed)
+
+    # ---- data ----
+    raw_datasets, text_column = load_raw_datasets(
+        dataset_name=data_args.dataset_name,
+        dataset_config_name=data_args.dataset_config_name,
+        train_file=data_args.train_file,
+        validation_file=data_args.validation_file,
+        validation_split_percentage=data_args.validation_split_percentage,
+        text_column=data_args.text_column,
+        keep_linebreaks=False,
+        cache_dir=model_args.cache_dir,
+        token=model_args.token,
+    )
+    raw_datasets = raw_datasets.filter(
+        lambda batch: [t.strip() not in DOC_SEPARATORS for t in batch[text_column]], batched=True
+    )
+    if len(raw_datasets["train"]) == 0:
+        raise ValueError(f"the training data ({data_args.train_file or data_args.dataset_name}) has no text rows.")
+
+    # ---- tokenizer ----
+    if model_args.tokenizer_name or model_args.model_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_args.tokenizer_name or model_args.model_name_or_path, cache_dir=model_args.cache_dir
+        )
+    else:
+        logger.info(f"Training a WordPiece tokenizer (vocab {model_args.tokenizer_vocab_size}) on the training split")
+        tokenizer = train_wordpiece_tokenizer(
+            batch_iterator(raw_datasets["train"], text_column),
+            vocab_size=model_args.tokenizer_vocab_size,
+            model_max_length=data_args.max_seq_length,
+        )
+    if tokenizer.mask_token is None:
+        raise ValueError("The tokenizer has no mask token; masked-language modelling needs one.")
+
+    # ---- model ----
+    if model_args.model_name_or_path:
+        kwargs = {"cache_dir": model_args.cache_dir}
+        if attention_given:
+            kwargs["attn_implementation"] = cond_args.attention
+        model = AutoModelForMaskedLM.from_pretrained(model_args.model_name_or_path, **kwargs)
+        if cond_args.init != "default":
+            logger.warning("--init is ignored with --model_name_or_path (loaded weights are never re-initialised).")
+    else:
+        config = build_config(model_args, len(tokenizer), tokenizer.pad_token_id, data_args.max_seq_length)
+        model = AutoModelForMaskedLM.from_config(
+            config,
+            condinit=cond_args.condinit_dict(training_args.seed),
+            attn_implementation=cond_args.attention,
+        )
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info(f"Model {type(model).__name__}: {n_params / 1e6:.2f}M parameters, init={cond_args.init}, "
+                f"attention={model.config._attn_implementation}")
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+
+    # ---- preprocessing ----
+    max_seq_length = min(data_args.max_seq_length, getattr(model.config, "max_position_embeddings", 10**9))
+    with training_args.main_process_first(desc="tokenizing and packing"):
+        tokenized = tokenize_datasets(
+            raw_datasets,
+            tokenizer,
+            text_column,
+            num_proc=data_args.preprocessing_num_workers,
+            load_from_cache_file=not data_args.overwrite_cache,
+        )
+        lm_datasets = pack_datasets(
+            tokenized,
+            max_seq_length,
+            num_proc=data_args.preprocessing_num_workers,
+            load_from_cache_file=not data_args.overwrite_cache,
+            add_labels=False,
+        )
+
+    train_dataset = eval_dataset = None
+    if training_args.do_train:
+        train_dataset = lm_datasets["train"]
+        if data_args.max_train_samples is not None:
+            train_dataset = train_dataset.select(range(min(len(train_dataset), data_args.max_train_samples)))
+    if training_args.do_eval:
+        if "validation" not in lm_datasets:
+            raise ValueError("--do_eval requires --validation_file or --validation_split_percentage > 0.")
+        eval_dataset = lm_datasets["validation"]
+        if data_args.max_eval_samples is not None:
+            eval_dataset = eval_dataset.select(range(min(len(eval_dataset), data_args.max_eval_samples)))
+
+    data_collator = DataCollatorForLanguageModeling(
+        tokenizer=tokenizer,
+        mlm_probability=data_args.mlm_probability,
+        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
+    )
+
+    trainer = CondInitTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=data_collator,
+        compute_metrics=mlm_accuracy if training_args.do_eval else None,
+        preprocess_logits_for_metrics=preprocess_logits_for_metrics if training_args.do_eval else None,
+    )
+
+    if training_args.do_train:
+        checkpoint = training_args.resume_from_checkpoint or last_checkpoint
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        if trainer.is_deepspeed_enabled:
+            logger.info(f"DeepSpeed enabled: ZeRO stage {trainer.accelerator.state.deepspeed_plugin.zero_stage}")
+        trainer.save_model()  # saves the tokenizer too
+        metrics = train_result.metrics
+        metrics["train_samples"] = len(train_dataset)
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+
+    if training_args.do_eval:
+        metrics = trainer.evaluate()
+        metrics["eval_samples"] = len(eval_dataset)
+        try:
+            metrics["perplexity"] = math.exp(metrics["eval_loss"])
+        except OverflowError:
+            metrics["perplexity"] = float("inf")
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+
+    return trainer
+
+
+def _mp_fn(index):
+    main()
+
+
+if __name__ == "__main__":
+    main()

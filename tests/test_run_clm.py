@@ -1,0 +1,271 @@
+"""run_clm.py end to end, in-process, on CPU: real TinyStories text, the synthetic default, resuming, bad input.
+
+Real text is read from ``../shared/data`` (relative to the repo root; tests skip when it is absent) and a slice is
+written to ``tmp_path`` so the runs stay small. Nothing is downloaded.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config  # noqa: E402
+
+import hf_condinit  # noqa: E402,F401
+from hf_condinit.registry import ATTENTION_VARIANTS  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINYSTORIES = os.path.join(REPO, "..", "shared", "data", "tinystories", "TinyStories-train.sample-2MiB.txt")
+needs_tinystories = pytest.mark.skipif(not os.path.exists(TINYSTORIES), reason=f"real text not found at {TINYSTORIES}")
+
+
+def _load_run_clm():
+    spec = importlib.util.spec_from_file_location("run_clm", os.path.join(REPO, "run_clm.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_clm"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+run_clm = _load_run_clm()
+
+
+@pytest.fixture(scope="module")
+def ts_file(tmp_path_factory):
+    """The first 1500 lines of the TinyStories sample (about 190 kB), written to a temporary file."""
+    if not os.path.exists(TINYSTORIES):
+        pytest.skip(f"real text not found at {TINYSTORIES}")
+    path = tmp_path_factory.mktemp("ts") / "tinystories-head.txt"
+    with open(TINYSTORIES, encoding="utf-8") as f:
+        path.write_text("".join(f.readline() for _ in range(1500)), encoding="utf-8")
+    return str(path)
+
+
+def _common(tmp_path, out="out"):
+    return [
+        "--output_dir", str(tmp_path / out), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none",
+        "--cache_dir", str(tmp_path / "cache"), "--seed", "7",
+    ]  # fmt: skip
+
+
+def _text_args(ts_file, tmp_path, out="out", steps=4):
+    return _common(tmp_path, out) + [
+        "--model_config", "gpt2-tiny", "--train_file", ts_file, "--block_size", "64", "--tokenizer_vocab_size", "512",
+        "--max_steps", str(steps), "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
+        "--max_eval_samples", "16", "--logging_steps", "1", "--save_strategy", "no",
+    ]  # fmt: skip
+
+
+def _head_checks(model):
+    """Conditioned init on GPT-2's fused c_attn (math orientation (D, 3·H·d)): per-head QᵀQ = KᵀK = I, V = block I."""
+    H, D = model.config.n_head, model.config.n_embd
+    d = D // H
+    for block in model.transformer.h:
+        W = block.attn.c_attn.weight.detach().double()
+        for part in (0, 1):
+            for h in range(H):
+                blk = W[:, part * D + h * d : part * D + (h + 1) * d]
+                assert torch.allclose(blk.T @ blk, torch.eye(d, dtype=torch.double), atol=1e-5)
+        assert torch.equal(W[:, 2 * D :], torch.eye(D, dtype=torch.double))
+        assert torch.count_nonzero(block.attn.c_attn.bias) == 0
+
+
+# ------------------------------------------------------------------------------------------------- real text
+
+
+@needs_tinystories
+def test_tinystories_few_steps(ts_file, tmp_path):
+    results = run_clm.main(_text_args(ts_file, tmp_path) + ["--init", "conditioned", "--learning_rate", "1e-3"])
+    out = tmp_path / "out"
+    ev = json.loads((out / "eval_results.json").read_text())
+    assert math.isfinite(ev["perplexity"]) and ev["perplexity"] == pytest.approx(math.exp(ev["eval_loss"]))
+    assert ev["perplexity"] < 512  # better than uniform over the vocabulary after 4 steps at lr 1e-3
+    assert "perplexity" in json.loads((out / "all_results.json").read_text())
+    tr = json.loads((out / "train_results.json").read_text())
+    assert tr["train_tokens_per_second"] > 0 and math.isfinite(tr["train_loss"])
+    state = json.loads((out / "trainer_state.json").read_text())
+    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    assert any("perplexity" in e for e in state["log_history"]) or results["perplexity"]
+    # self-contained checkpoint: the trained BPE is saved with the model
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert len(tok) == model.config.vocab_size <= 512
+    assert model.config.condinit["method"] == "conditioned" and model.config.condinit["seed"] == 7
+    assert model.config.n_positions == 256 and tok.model_max_length == 256
+
+
+@needs_tinystories
+def test_conditioned_weights_survive_training_loop_save_and_reload(ts_file, tmp_path):
+    """lr = 0: the Trainer loop, save_model and from_pretrained must leave the conditioned q/k/v exactly as built."""
+    run_clm.main(_text_args(ts_file, tmp_path, steps=2) + ["--init", "conditioned", "--learning_rate", "0", "--do_train"])
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    _head_checks(reloaded)
+    fresh = AutoModelForCausalLM.from_config(reloaded.config, condinit=dict(reloaded.config.condinit))
+    for a, b in zip(fresh.transformer.h, reloaded.transformer.h):
+        assert torch.equal(a.attn.c_attn.weight, b.attn.c_attn.weight)
+    assert not (tmp_path / "out" / "eval_results.json").exists()  # --do_train alone: no eval
+
+
+def _resume_case(ts_file, tmp_path, attention):
+    base = _text_args(ts_file, tmp_path, steps=6) + [
+        "--init", "conditioned", "--attention", attention, "--learning_rate", "2e-3", "--max_train_samples", "48",
+        "--do_train", "--save_strategy", "steps", "--save_steps", "3", "--logging_steps", "1",
+    ]  # fmt: skip
+    run_clm.main(base)  # uninterrupted: 6 steps, checkpoints at 3 and 6
+    ckpt = tmp_path / "out" / "checkpoint-3"
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "model.safetensors"):
+        assert (ckpt / name).exists(), name
+    b_args = [a if a != str(tmp_path / "out") else str(tmp_path / "resumed") for a in base]
+    run_clm.main(b_args + ["--resume_from_checkpoint", str(ckpt)])
+    full = load_file(tmp_path / "out" / "model.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "model.safetensors")
+    at3 = load_file(ckpt / "model.safetensors")
+    assert full.keys() == resumed.keys()
+    assert any(not torch.equal(full[k], at3[k]) for k in full), "training between step 3 and 6 changed nothing"
+    diff = [k for k in full if not torch.equal(full[k], resumed[k])]
+    assert not diff, f"resumed run differs from the uninterrupted one in {diff[:5]}"
+    # the resumed log carries steps 1-3 over from the checkpoint and adds 4-6, each once, with the same losses
+    logs = {}
+    for run in ("out", "resumed"):
+        state = json.loads((tmp_path / run / "trainer_state.json").read_text())
+        logs[run] = [(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e]
+    assert [s for s, _ in logs["resumed"]] == [1, 2, 3, 4, 5, 6]
+    assert logs["resumed"] == logs["out"]
+    return full
+
+
+@needs_tinystories
+def test_resume_is_bit_identical(ts_file, tmp_path):
+    _resume_case(ts_file, tmp_path, "sdpa")
+
+
+@needs_tinystories
+@pytest.mark.skipif("affine_scaled" not in ATTENTION_VARIANTS, reason="affine_scaled variant not registered")
+def test_resume_restores_alpha_ma(ts_file, tmp_path):
+    full = _resume_case(ts_file, tmp_path, "affine_scaled")
+    alpha = [k for k in full if "alpha_ma" in k]
+    assert alpha and any(full[k].abs().sum() > 0 for k in alpha), "α_ma should have moved off 0 during training"
+
+
+# ------------------------------------------------------------------------------------------------- synthetic default
+
+
+def test_synthetic_default_runs_and_reports_accuracy(tmp_path):
+    run_clm.main(_common(tmp_path) + [
+        "--init", "conditioned", "--max_steps", "3", "--synthetic_train_examples", "128", "--synthetic_eval_examples", "32",
+    ])  # fmt: skip
+    ev = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert 0.0 <= ev["eval_recall_accuracy"] <= 1.0 and math.isfinite(ev["perplexity"])
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert model.config.n_layer == 2 and model.config.vocab_size == 3 + 32 + 32
+
+
+def test_defaults_apply_only_when_not_given(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:  # every help string must format (a bare '%' breaks argparse)
+        run_clm.parse(["--help"])
+    assert exit_info.value.code == 0 and "--log_condition_number_every" in capsys.readouterr().out
+    m, d, c, t = run_clm.parse([])
+    assert d.synthetic and t.output_dir == "runs/clm-default" and t.max_steps == 600 and t.do_train and t.do_eval
+    assert (t.adam_beta1, t.adam_beta2, t.weight_decay, t.max_grad_norm) == (0.9, 0.95, 0.1, 1.0)
+    assert t.lr_scheduler_type == "cosine" and t.warmup_steps == 0.05 and c.init == "default"
+    m, d, c, t = run_clm.parse(["--train_file", "x.txt", "--weight_decay", "0.0", "--adam-beta2", "0.99", "--do_eval"])
+    assert t.weight_decay == 0.0 and t.adam_beta2 == 0.99 and t.max_steps == -1 and t.output_dir == "runs/clm"
+    assert t.do_eval and not t.do_train and t.learning_rate == 3e-4
+    cfg = tmp_path / "args.json"
+    cfg.write_text(json.dumps({"train_file": "x.txt", "weight_decay": 0.0, "output_dir": str(tmp_path / "o"), "init": "mimetic"}))
+    m, d, c, t = run_clm.parse([str(cfg)])
+    assert t.weight_decay == 0.0 and t.adam_beta2 == 0.95 and t.lr_scheduler_type == "cosine" and c.init == "mimetic"
+
+
+def test_no_decay_groups(tmp_path):
+    from transformers import GPT2Config, TrainingArguments
+
+    from hf_condinit.scripts_common import CondInitTrainer
+
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=128, bos_token_id=0, eos_token_id=0)
+    attention = "attention_sink" if "attention_sink" in ATTENTION_VARIANTS else "sdpa"
+    model = AutoModelForCausalLM.from_config(cfg, condinit={"method": "conditioned", "seed": 0}, attn_implementation=attention)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, weight_decay=0.1, report_to="none")
+    trainer = CondInitTrainer(model=model, args=args)
+    opt = trainer.create_optimizer()
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    decayed = {by_id[id(p)] for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    kept = {by_id[id(p)] for g in opt.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert "transformer.h.0.attn.c_attn.weight" in decayed and "transformer.h.0.attn.c_attn.bias" in kept
+    assert "transformer.h.0.ln_1.weight" in kept and "transformer.ln_f.bias" in kept
+    assert not any("condinit_" in n for n in decayed)
+    if attention != "sdpa":
+        assert any("condinit_" in n for n in kept)
+
+
+@pytest.mark.skipif(not os.path.exists(TINYSTORIES), reason="real text not found")
+def test_condition_number_logging(ts_file, tmp_path):
+    run_clm.main(_text_args(ts_file, tmp_path, steps=2) + [
+        "--init", "conditioned", "--do_train", "--log_condition_number_every", "2",
+        "--condition_number_probe_size", "1", "--condition_number_probe_length", "8",
+    ])  # fmt: skip
+    lines = (tmp_path / "out" / "condition_number.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 2]
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert any(any(k.startswith("kappa") for k in e) for e in state["log_history"])
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if a bad-input run gets as far as tokenizer training or model construction."""
+
+    def boom(*a, **k):
+        raise AssertionError("work started before the input was validated")
+
+    monkeypatch.setattr(run_clm, "train_bpe_tokenizer", boom)
+    monkeypatch.setattr(run_clm.AutoModelForCausalLM, "from_config", boom)
+    monkeypatch.setattr(run_clm, "load_raw_datasets", boom)
+    saved = dict(os.environ)  # `--deepspeed` without a launcher sets RANK/WORLD_SIZE/...: do not leak them
+    yield
+    unset_hf_deepspeed_config()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_bad_input_errors(tmp_path, no_work):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    text = tmp_path / "t.txt"
+    text.write_text("hello world\n" * 50)
+    ds_bf16 = tmp_path / "ds.json"
+    ds = json.load(open(os.path.join(REPO, "ds_configs", "zero2.json")))
+    ds["bf16"] = {"enabled": True}
+    ds_bf16.write_text(json.dumps(ds))
+    cases = [
+        (["--train_file", str(tmp_path / "missing.txt")], "does not exist"),
+        (["--train_file", str(empty)], "is empty"),
+        (["--train_file", str(text), "--validation_file", str(empty)], "is empty"),
+        (["--train_file", str(text), "--model_config", "gpt2-tiny", "--block_size", "512"], "larger than the model's context"),
+        (["--train_file", str(text), "--model_config", "no-such-config"], "not a config"),
+        (["--init", "fancy"], "unknown --init"),
+        (["--attention", "flashy"], "unknown --attention"),
+        (["--init", "conditioned", "--value_init", "diagonal"], "value_init"),
+        (["--train_file", str(text), "--deepspeed", str(ds_bf16)], "bf16"),
+        (["--block_size", "64"], "synthetic corpus"),
+        (["--tokenizer_name", "gpt2"], "synthetic corpus"),
+        (["--train_file", str(text), "--dataset_name", "wikitext"], "not both"),
+        (["--validation_file", str(text)], "needs --train_file"),
+        (["--train_file", str(text), "--resume_from_checkpoint", str(tmp_path / "nope")], "not a directory"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(ValueError, match=message):
+            run_clm.main(_common(tmp_path) + argv)
+        unset_hf_deepspeed_config()
