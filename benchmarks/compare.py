@@ -416,7 +416,7 @@ def markdown(results: dict) -> str:
                          f"| {'yes' if dm is not None and dm < 0 else 'no'} | {j(c['step0']['attn_entropy'])} | "
                          f"{j(d['step0']['attn_entropy'])} |")
         lines.append("")
-    lines.append(f"Criterion: a difference *exceeds the seed spread* when |mean paired Δ| > 2 × the pooled seed std "
+    lines.append("Criterion: a difference *exceeds the seed spread* when |mean paired Δ| > 2 × the pooled seed std "
                  "of the two arms and all seeds agree in sign. Steps to default's final loss: first crossing of the "
                  "mean final eval-curve loss of default (eval-curve subset, linear interpolation).")
     return "\n".join(lines) + "\n"

@@ -10,8 +10,8 @@ Three parts (``--parts train kappa init``):
    and process CPU time).
 2. **kappa** — the cost of one κ(J) measurement (``hf_condinit.attention_jacobian_condition_number``, all layers and
    heads) relative to one training step of the same model, for the ConditionNumberCallback's default probe
-   (2 × 32 tokens, causal only) and for compare.py's probe (2 × 8 tokens, causal + unmasked); the logging interval
-   that keeps the overhead ≤ 5 % is ``ceil(20 · t_κ / t_step)``.
+   (2 × 16 tokens, causal only) and interval (500 steps), a 2 × 32 probe, and compare.py's probe (2 × 8 tokens,
+   causal + unmasked); the logging interval that keeps the overhead ≤ 5 % is ``ceil(20 · t_κ / t_step)``.
 3. **init** — time and peak memory of initialising the 472M and 1.72B GPT-2 configs (``configs/gpt2-472m.json``,
    ``configs/gpt2-1.72b.json``; shapes assumed, METHODS.md §7), each in a fresh subprocess:
    ``from_config(cfg)`` (HF default init) vs ``from_config(cfg, condinit="conditioned")`` (default init followed by
@@ -154,8 +154,13 @@ def part_kappa(args, train_result: dict | None) -> dict:
         step_s = statistics.median(ts[args.warmup:])
     g = torch.Generator().manual_seed(1)
     rows = []
-    for label, (nseq, ntok), unmasked in (("callback default (2×32, causal)", (2, 32), False),
-                                          ("compare.py (2×8, causal + unmasked)", (2, 8), True)):
+    from hf_condinit.diagnostics.callbacks import DEFAULT_EVERY_N_STEPS, DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
+
+    probes = ((f"callback default ({DEFAULT_PROBE_SIZE}×{DEFAULT_PROBE_LENGTH}, causal)",
+               (DEFAULT_PROBE_SIZE, DEFAULT_PROBE_LENGTH), False),
+              ("2×32, causal", (2, 32), False),
+              ("compare.py (2×8, causal + unmasked)", (2, 8), True))
+    for label, (nseq, ntok), unmasked in probes:
         ids = torch.randperm(args.vocab_size, generator=g)[: nseq * ntok].view(nseq, ntok)  # distinct tokens
         mask = torch.ones_like(ids)
         times = []
@@ -167,7 +172,9 @@ def part_kappa(args, train_result: dict | None) -> dict:
         need = math.ceil(20 * t / step_s)
         rows.append(dict(probe=label, probe_shape=[nseq, ntok], include_unmasked=unmasked, kappa_s=t,
                          kappa_times=times, step_s=step_s, kappa_over_step=t / step_s,
-                         overhead_at_100=t / (100 * step_s + t), overhead_at_1000=t / (1000 * step_s + t),
+                         default_interval=DEFAULT_EVERY_N_STEPS,
+                         overhead_at_default=t / (DEFAULT_EVERY_N_STEPS * step_s + t),
+                         overhead_at_1000=t / (1000 * step_s + t),
                          interval_for_5pct=need))
     return dict(rows=rows, n_layer=args.n_layer, n_head=args.n_head)
 
@@ -323,12 +330,13 @@ def markdown(res: dict) -> str:
         L.append("")
     if "kappa" in res:
         L.append("κ(J) logging cost (vanilla model above; one measurement = all layers and heads, method eig):\n")
-        L.append("| probe | s / measurement | training step s | κ / step | overhead at every 100 steps | "
-                 "at every 1000 | interval for ≤ 5 % |")
+        interval = res["kappa"]["rows"][0]["default_interval"]
+        L.append(f"| probe | s / measurement | training step s | κ / step | overhead at the default interval "
+                 f"({interval} steps) | at every 1000 | interval for ≤ 5 % |")
         L.append("|---|---|---|---|---|---|---|")
         for r in res["kappa"]["rows"]:
             L.append(f"| {r['probe']} | {r['kappa_s']:.2f} | {r['step_s']:.3f} | {r['kappa_over_step']:.1f} | "
-                     f"{100 * r['overhead_at_100']:.1f} % | {100 * r['overhead_at_1000']:.1f} % | "
+                     f"{100 * r['overhead_at_default']:.1f} % | {100 * r['overhead_at_1000']:.1f} % | "
                      f"{r['interval_for_5pct']} |")
         L.append("")
     if "init" in res:

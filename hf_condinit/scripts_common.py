@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .diagnostics.callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -136,13 +138,14 @@ class CondInitArguments:
     precond_scale: str | None = field(default=None, metadata={"help": "preconditioned: none|sqrt_d."})
     log_condition_number_every: int = field(
         default=0,
-        metadata={"help": "Log the attention-Jacobian κ every N optimizer steps (and at step 0); 0 disables."},
+        metadata={"help": "Log the attention-Jacobian κ every N optimizer steps (and at step 0); 0 disables. Each "
+                          "measurement costs many training steps (benchmarks/throughput.py): 500 or more."},
     )
     condition_number_probe_size: int = field(
-        default=2, metadata={"help": "Sequences in the κ probe batch (taken from the evaluation data)."}
+        default=DEFAULT_PROBE_SIZE, metadata={"help": "Sequences in the κ probe batch (taken from the evaluation data)."}
     )
     condition_number_probe_length: int = field(
-        default=32, metadata={"help": "Tokens per probe sequence for the κ diagnostic."}
+        default=DEFAULT_PROBE_LENGTH, metadata={"help": "Tokens per probe sequence for the κ diagnostic."}
     )
 
     # Fields that are CondInitConfig options (same names).

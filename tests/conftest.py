@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 import transformers  # noqa: E402
 
 import hf_condinit  # noqa: E402,F401  (installs the hooks for every test)
+from utils import TINYSTORIES, require  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -22,3 +23,12 @@ def _hooks_installed():
     """Tests that uninstall the hooks must not leak that state to the next test."""
     yield
     hf_condinit.hooks.install()
+
+
+@pytest.fixture(scope="module")
+def ts_file(tmp_path_factory):
+    """The first 1500 lines of the TinyStories sample (about 190 kB), written to a temporary file."""
+    path = tmp_path_factory.mktemp("ts") / "tinystories-head.txt"
+    with open(require(TINYSTORIES), encoding="utf-8") as f:
+        path.write_text("".join(f.readline() for _ in range(1500)), encoding="utf-8")
+    return str(path)

@@ -5,31 +5,21 @@ arm, plots, one JSON per run) and that a second call skips the finished runs (re
 sample from ``../shared/data`` when present (first 100 kB), otherwise a generated text file.
 """
 
-import importlib.util
 import json
 import math
-import os
 import random
-import sys
 
-import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINYSTORIES = os.path.join(REPO, "..", "shared", "data", "tinystories", "TinyStories-train.sample-2MiB.txt")
+from utils import TINYSTORIES, load_script
 
 
 def _load_compare():
-    path = os.path.join(REPO, "benchmarks", "compare.py")
-    spec = importlib.util.spec_from_file_location("hf_condinit_bench_compare", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/compare.py", "hf_condinit_bench_compare")
 
 
 def _data_file(tmp_path) -> str:
-    if os.path.exists(TINYSTORIES):
-        return TINYSTORIES
+    if TINYSTORIES.exists():
+        return str(TINYSTORIES)
     rng = random.Random(0)
     names, things = ["Tom", "Lily", "Ben", "Mia"], ["ball", "cat", "tree", "boat", "cake"]
     stories = []

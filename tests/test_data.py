@@ -25,12 +25,10 @@ from hf_condinit.data import (  # noqa: E402
     train_bpe_tokenizer,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(REPO, "..", "shared", "data")
-TINYSTORIES = os.path.join(DATA, "tinystories", "TinyStories-train.sample-2MiB.txt")
-WIKI_VALID = os.path.join(DATA, "wikitext", "wikitext-2-raw", "wiki.valid.raw")
-needs_tinystories = pytest.mark.skipif(not os.path.exists(TINYSTORIES), reason=f"real text not found at {TINYSTORIES}")
-needs_wikitext = pytest.mark.skipif(not os.path.exists(WIKI_VALID), reason=f"real text not found at {WIKI_VALID}")
+from utils import TINYSTORIES, WIKI_VALID, needs  # noqa: E402
+
+needs_tinystories = needs(TINYSTORIES)
+needs_wikitext = needs(WIKI_VALID)
 
 
 # ---------------------------------------------------------------------------------------------- synthetic (MQAR)
@@ -163,7 +161,7 @@ def test_group_texts():
 def test_bpe_on_tinystories_roundtrip_and_save(tmp_path):
     from transformers import AutoTokenizer
 
-    raw, col = load_raw_datasets(train_file=TINYSTORIES, validation_split_percentage=5, cache_dir=str(tmp_path / "c"))
+    raw, col = load_raw_datasets(train_file=str(TINYSTORIES), validation_split_percentage=5, cache_dir=str(tmp_path / "c"))
     sub = raw["train"].select(range(3000))
     tok = train_bpe_tokenizer(batch_iterator(sub, col), vocab_size=600, model_max_length=256)
     assert 300 < len(tok) <= 600
@@ -201,7 +199,7 @@ def test_pack_too_little_data(tmp_path):
 
 @needs_wikitext
 def test_wikitext_blank_lines(tmp_path):
-    raw, col = load_raw_datasets(train_file=WIKI_VALID, validation_split_percentage=5, cache_dir=str(tmp_path / "c"))
+    raw, col = load_raw_datasets(train_file=str(WIKI_VALID), validation_split_percentage=5, cache_dir=str(tmp_path / "c"))
     n = len(raw["train"]) + len(raw["validation"])
     with open(WIKI_VALID, encoding="utf-8") as f:
         nonblank = sum(1 for line in f if line.strip())

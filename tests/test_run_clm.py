@@ -4,11 +4,9 @@ Real text is read from ``../shared/data`` (relative to the repo root; tests skip
 written to ``tmp_path`` so the runs stay small. Nothing is downloaded.
 """
 
-import importlib.util
 import json
 import math
 import os
-import sys
 
 import pytest
 
@@ -23,31 +21,10 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config  # noq
 import hf_condinit  # noqa: E402,F401
 from hf_condinit.registry import ATTENTION_VARIANTS  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINYSTORIES = os.path.join(REPO, "..", "shared", "data", "tinystories", "TinyStories-train.sample-2MiB.txt")
-needs_tinystories = pytest.mark.skipif(not os.path.exists(TINYSTORIES), reason=f"real text not found at {TINYSTORIES}")
+from utils import REPO, TINYSTORIES, gpt2_conditioned_checks, load_script, needs  # noqa: E402
 
-
-def _load_run_clm():
-    spec = importlib.util.spec_from_file_location("run_clm", os.path.join(REPO, "run_clm.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["run_clm"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-run_clm = _load_run_clm()
-
-
-@pytest.fixture(scope="module")
-def ts_file(tmp_path_factory):
-    """The first 1500 lines of the TinyStories sample (about 190 kB), written to a temporary file."""
-    if not os.path.exists(TINYSTORIES):
-        pytest.skip(f"real text not found at {TINYSTORIES}")
-    path = tmp_path_factory.mktemp("ts") / "tinystories-head.txt"
-    with open(TINYSTORIES, encoding="utf-8") as f:
-        path.write_text("".join(f.readline() for _ in range(1500)), encoding="utf-8")
-    return str(path)
+needs_tinystories = needs(TINYSTORIES)
+run_clm = load_script("run_clm.py")
 
 
 def _common(tmp_path, out="out"):
@@ -63,20 +40,6 @@ def _text_args(ts_file, tmp_path, out="out", steps=4):
         "--max_steps", str(steps), "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
         "--max_eval_samples", "16", "--logging_steps", "1", "--save_strategy", "no",
     ]  # fmt: skip
-
-
-def _head_checks(model):
-    """Conditioned init on GPT-2's fused c_attn (math orientation (D, 3·H·d)): per-head QᵀQ = KᵀK = I, V = block I."""
-    H, D = model.config.n_head, model.config.n_embd
-    d = D // H
-    for block in model.transformer.h:
-        W = block.attn.c_attn.weight.detach().double()
-        for part in (0, 1):
-            for h in range(H):
-                blk = W[:, part * D + h * d : part * D + (h + 1) * d]
-                assert torch.allclose(blk.T @ blk, torch.eye(d, dtype=torch.double), atol=1e-5)
-        assert torch.equal(W[:, 2 * D :], torch.eye(D, dtype=torch.double))
-        assert torch.count_nonzero(block.attn.c_attn.bias) == 0
 
 
 # ------------------------------------------------------------------------------------------------- real text
@@ -109,7 +72,7 @@ def test_conditioned_weights_survive_training_loop_save_and_reload(ts_file, tmp_
     """lr = 0: the Trainer loop, save_model and from_pretrained must leave the conditioned q/k/v exactly as built."""
     run_clm.main(_text_args(ts_file, tmp_path, steps=2) + ["--init", "conditioned", "--learning_rate", "0", "--do_train"])
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
-    _head_checks(reloaded)
+    gpt2_conditioned_checks(reloaded)
     fresh = AutoModelForCausalLM.from_config(reloaded.config, condinit=dict(reloaded.config.condinit))
     for a, b in zip(fresh.transformer.h, reloaded.transformer.h):
         assert torch.equal(a.attn.c_attn.weight, b.attn.c_attn.weight)
@@ -208,7 +171,7 @@ def test_no_decay_groups(tmp_path):
         assert any("condinit_" in n for n in kept)
 
 
-@pytest.mark.skipif(not os.path.exists(TINYSTORIES), reason="real text not found")
+@needs_tinystories
 def test_condition_number_logging(ts_file, tmp_path):
     run_clm.main(_text_args(ts_file, tmp_path, steps=2) + [
         "--init", "conditioned", "--do_train", "--log_condition_number_every", "2",

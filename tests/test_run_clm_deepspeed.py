@@ -26,15 +26,10 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import hf_condinit  # noqa: E402,F401
-from test_run_clm import _head_checks, ts_file  # noqa: E402,F401  (shared helper and fixture)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINYSTORIES = os.path.join(REPO, "..", "shared", "data", "tinystories", "TinyStories-train.sample-2MiB.txt")
+from utils import REPO, TINYSTORIES, gpt2_conditioned_checks, needs  # noqa: E402
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(TINYSTORIES), reason=f"real text not found at {TINYSTORIES}"),
-]
+pytestmark = [pytest.mark.slow, needs(TINYSTORIES)]
 
 
 def _free_port() -> int:
@@ -101,7 +96,7 @@ def test_zero3_two_processes_conditioned_weights_intact(ts_file, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out)
     D = model.config.n_embd
     assert all(b.attn.c_attn.weight.shape == (D, 3 * D) for b in model.transformer.h)  # full, not a partition
-    _head_checks(model)  # per-head QᵀQ = KᵀK = I, V = block identity, zero q/k/v biases
+    gpt2_conditioned_checks(model)  # per-head QᵀQ = KᵀK = I, V = block identity, zero q/k/v biases
     # same recipe as a plain single-process build (up to fp32 rounding of the orthogonalisation across processes)
     fresh = AutoModelForCausalLM.from_config(model.config, condinit=dict(model.config.condinit))
     for a, b in zip(fresh.transformer.h, model.transformer.h):
@@ -114,4 +109,4 @@ def test_zero3_single_process_without_launcher(ts_file, tmp_path):
     log = _run("python", "zero3.json", ts_file, out, ["--max_steps", "2", "--learning_rate", "0"])
     assert "DeepSpeed enabled: True, ZeRO stage 3, world size 1" in log
     assert all(math.isfinite(x) for x in _losses(out))
-    _head_checks(AutoModelForCausalLM.from_pretrained(out))
+    gpt2_conditioned_checks(AutoModelForCausalLM.from_pretrained(out))

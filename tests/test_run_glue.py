@@ -1,11 +1,8 @@
 """run_glue.py on small slices of the real GLUE files, the local readers, and bad input."""
 
-import importlib.util
 import json
 import math
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -18,24 +15,11 @@ import torch
 from hf_condinit.glue import GlueFormatError, get_task, read_glue_file, task_to_keys
 from hf_condinit.models.crammed_bert import CrammedBertConfig, CrammedBertForMaskedLM, train_wordpiece_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / ".." / "shared" / "data"
-GLUE = DATA / "glue"
+from utils import GLUE_DIR as GLUE
+from utils import WIKI_TRAIN, load_script, needs, require
 
-needs_glue = pytest.mark.skipif(
-    not GLUE.is_dir(), reason=f"real GLUE data not found at {GLUE} (../shared/data/glue from the repo root)"
-)
-
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-run_glue = _load_script("run_glue")
+needs_glue = needs(GLUE)
+run_glue = load_script("run_glue.py")
 
 COMMON = [
     "--max_train_samples", "32", "--max_eval_samples", "48", "--max_steps", "3",
@@ -48,9 +32,7 @@ COMMON = [
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny Crammed BERT MLM checkpoint with a WordPiece tokenizer trained on real text."""
-    text = DATA / "wikitext" / "wikitext-2-raw" / "wiki.train.first999lines.raw"
-    if not text.is_file():
-        pytest.skip(f"real text not found at {text}")
+    text = require(WIKI_TRAIN)
     lines = [line.strip() for line in text.open(encoding="utf-8") if line.strip()]
     tokenizer = train_wordpiece_tokenizer(lines, vocab_size=2000, model_max_length=64)
     config = CrammedBertConfig(

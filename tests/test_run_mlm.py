@@ -1,11 +1,9 @@
 """run_mlm.py: a few steps of Crammed BERT pretraining on real text, the recipe defaults, and bad input."""
 
-import importlib.util
 import json
 import math
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -15,21 +13,12 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / ".." / "shared" / "data"
-TINYSTORIES = DATA / "tinystories" / "TinyStories-train.sample-2MiB.txt"
-WIKITEXT = DATA / "wikitext" / "wikitext-2-raw" / "wiki.train.first999lines.raw"
+from utils import REPO as ROOT
+from utils import TINYSTORIES
+from utils import WIKI_TRAIN as WIKITEXT
+from utils import load_script, require
 
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-run_mlm = _load_script("run_mlm")
+run_mlm = load_script("run_mlm.py")
 
 TINY = "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128"
 COMMON = [
@@ -42,9 +31,7 @@ COMMON = [
 
 @pytest.fixture(scope="module")
 def story_file(tmp_path_factory):
-    if not TINYSTORIES.is_file():
-        pytest.skip(f"real text not found at {TINYSTORIES} (../shared/data from the repo root)")
-    lines = TINYSTORIES.read_text(encoding="utf-8").splitlines()[:400]
+    lines = require(TINYSTORIES).read_text(encoding="utf-8").splitlines()[:400]
     path = tmp_path_factory.mktemp("text") / "stories.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)
@@ -86,8 +73,7 @@ def test_run_mlm_few_steps_conditioned(story_file, tmp_path):
 
 
 def test_run_mlm_continue_from_checkpoint_on_wikitext(story_file, tmp_path):
-    if not WIKITEXT.is_file():
-        pytest.skip(f"real text not found at {WIKITEXT}")
+    require(WIKITEXT)
     first = tmp_path / "first"
     run_mlm.main(["--train_file", story_file, "--do_train", "--output_dir", str(first), *COMMON])
     before = AutoModelForMaskedLM.from_pretrained(first).state_dict()

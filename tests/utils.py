@@ -2,8 +2,44 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from transformers import AutoConfig
+
+REPO = Path(__file__).resolve().parents[1]
+# Real text and GLUE files (provenance in SOURCES.md there); never copied into the repo. Tests needing them skip
+# when they are absent.
+SHARED_DATA = REPO.parent / "shared" / "data"
+TINYSTORIES = SHARED_DATA / "tinystories" / "TinyStories-train.sample-2MiB.txt"
+WIKI_VALID = SHARED_DATA / "wikitext" / "wikitext-2-raw" / "wiki.valid.raw"
+WIKI_TRAIN = SHARED_DATA / "wikitext" / "wikitext-2-raw" / "wiki.train.first999lines.raw"
+GLUE_DIR = SHARED_DATA / "glue"
+
+
+def needs(path: Path):
+    """Mark a test to skip when a file or folder of ``../shared/data`` is missing."""
+    return pytest.mark.skipif(not path.exists(), reason=f"real data not found at {path} (../shared/data)")
+
+
+def require(path: Path) -> Path:
+    """Skip the calling test (or fixture) when ``path`` is missing; return it otherwise."""
+    if not path.exists():
+        pytest.skip(f"real data not found at {path} (../shared/data)")
+    return path
+
+
+def load_script(relative_path: str, name: str | None = None):
+    """Import a script of the repo (``run_clm.py``, ``benchmarks/compare.py``) as a module."""
+    name = name or Path(relative_path).stem
+    spec = importlib.util.spec_from_file_location(name, REPO / relative_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
 
 # model_type -> kwargs of AutoConfig.for_model; every model_type of layouts/table.py must appear here.
 MINI_CONFIGS = {
@@ -42,3 +78,17 @@ def example_inputs(model_type: str, config, batch: int = 2, seq: int = 6, seed: 
         return {"pixel_values": torch.randn(batch, config.num_channels, config.image_size, config.image_size,
                                             generator=gen)}
     return {"input_ids": torch.randint(3, config.vocab_size, (batch, seq), generator=gen)}
+
+
+def gpt2_conditioned_checks(model):
+    """Conditioned init on GPT-2's fused c_attn (math orientation (D, 3·H·d)): per-head QᵀQ = KᵀK = I, V = block I."""
+    H, D = model.config.n_head, model.config.n_embd
+    d = D // H
+    for block in model.transformer.h:
+        W = block.attn.c_attn.weight.detach().double()
+        for part in (0, 1):
+            for h in range(H):
+                blk = W[:, part * D + h * d : part * D + (h + 1) * d]
+                assert torch.allclose(blk.T @ blk, torch.eye(d, dtype=torch.double), atol=1e-5)
+        assert torch.equal(W[:, 2 * D :], torch.eye(D, dtype=torch.double))
+        assert torch.count_nonzero(block.attn.c_attn.bias) == 0

@@ -34,7 +34,7 @@ from ..modules import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, Co
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
 from .preconditioned import preconditioned_attention_forward
-from .spectral import apply_spectral_conditioning, merge_spectral, remove_spectral, spectral_holders
+from .spectral import apply_spectral_conditioning, merge_spectral, remove_spectral
 
 __all__ = [
     "VARIANTS",

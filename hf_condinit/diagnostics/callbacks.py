@@ -8,7 +8,7 @@ integrations, then the user's callbacks, and ``Trainer.log`` appends ``{**logs, 
 loss dict, not ours) nor mutating ``logs`` inside ``on_log`` (the reporters and ``log_history`` have already seen it)
 delivers our values. What works is calling ``trainer.log(metrics)`` from the callback, which needs the trainer::
 
-    callback = ConditionNumberCallback(dataset=train_dataset, every_n_steps=100)
+    callback = ConditionNumberCallback(dataset=train_dataset)   # probe 2 × 16 tokens, every 500 steps
     trainer = Trainer(..., callbacks=[callback])
     callback.bind(trainer)            # or ConditionNumberCallback(..., trainer=trainer) after the trainer exists
 
@@ -22,11 +22,11 @@ then ``on_step_end`` whenever ``state.global_step % every_n_steps == 0``; never 
 world-process-zero computes and logs; under ZeRO-3 (parameters carrying ``ds_id``) every rank runs the probe forward
 and the parameter gathering, which are collective.
 
-Cost (default probe 2 × 32 tokens, all layers and heads, ``method="eig"``): G is (2·32·d)² per head; on a 4-layer,
-256-wide, 4-head GPT-2 (d = 64, G 4096², 16 heads) one measurement costs 16 float64 ``eigvalsh`` of 4096² (3.4 s
-each on 2 idle CPU cores, so about a minute in all; building G is ~0.3 s + 2 s per head). Measured: 622 s on 2 cores
-shared with other jobs (load average ~9). Use ``layers=`` / ``heads=``, a shorter probe (2 × 16: G 2048², ~8× less)
-or ``device="model"`` (the eigenproblems on the GPU) to cut it.
+Cost: one float64 ``eigvalsh`` of (B·N·d)² per head. On a 4-layer, 256-wide, 4-head GPT-2 (d = 64, 16 heads) on
+2 CPU cores, a 2 × 32 probe (G 4096²) took 48 s per measurement, about 80 training steps of 8 × 256 tokens
+(``benchmarks/throughput.py``); a 2 × 16 probe (G 2048²) is ~8× cheaper. Hence the defaults, 2 × 16 tokens every
+500 steps (:data:`DEFAULT_PROBE_LENGTH`, :data:`DEFAULT_EVERY_N_STEPS`); use ``layers=`` / ``heads=`` or
+``device="model"`` (the eigenproblems on the GPU) to cut the cost further.
 """
 
 from __future__ import annotations
@@ -42,13 +42,18 @@ from transformers import TrainerCallback
 
 from .probes import _unwrap, attention_jacobian_condition_number, resolve_causal
 
-__all__ = ["ConditionNumberCallback", "build_probe"]
+__all__ = ["ConditionNumberCallback", "build_probe", "DEFAULT_PROBE_SIZE", "DEFAULT_PROBE_LENGTH",
+           "DEFAULT_EVERY_N_STEPS"]
+
+DEFAULT_PROBE_SIZE = 2  # sequences in the probe batch
+DEFAULT_PROBE_LENGTH = 16  # tokens per probe sequence
+DEFAULT_EVERY_N_STEPS = 500  # logging interval in optimizer steps
 
 logger = logging.getLogger(__name__)
 
 
-def build_probe(dataset, probe_size: int = 2, probe_length: int = 32, *, distinct_first_tokens: bool = True,
-                pad_token_id: int = 0, scan: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def build_probe(dataset, probe_size: int = DEFAULT_PROBE_SIZE, probe_length: int = DEFAULT_PROBE_LENGTH, *,
+                distinct_first_tokens: bool = True, pad_token_id: int = 0, scan: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed probe batch from the first examples of a dataset with an ``input_ids`` column.
 
     Each probe row is a window of ``probe_length`` tokens of one example (right-padded with ``pad_token_id`` and
@@ -59,7 +64,7 @@ def build_probe(dataset, probe_size: int = 2, probe_length: int = 32, *, distinc
     Args:
         dataset: a sequence of dicts (``datasets.Dataset`` or list) with ``input_ids`` (list or tensor).
         probe_size (`int`, *optional*, defaults to 2): number of sequences.
-        probe_length (`int`, *optional*, defaults to 32): tokens per sequence.
+        probe_length (`int`, *optional*, defaults to 16): tokens per sequence.
         distinct_first_tokens (`bool`, *optional*, defaults to `True`): see above.
         pad_token_id (`int`, *optional*, defaults to 0): id used for padding (masked out anyway).
         scan (`int`, *optional*, defaults to 256): examples looked at before giving up on distinct first tokens.
@@ -111,9 +116,9 @@ class ConditionNumberCallback(TrainerCallback):
         dataset (*optional*): dataset with ``input_ids``; the probe is built lazily from its first examples by
             :func:`build_probe` (distinct first tokens when the model is causal). With neither argument, the bound
             trainer's ``train_dataset`` is used.
-        probe_size (`int`, *optional*, defaults to 2), probe_length (`int`, *optional*, defaults to 32): probe shape
+        probe_size (`int`, *optional*, defaults to 2), probe_length (`int`, *optional*, defaults to 16): probe shape
             when built from ``dataset``.
-        every_n_steps (`int`, *optional*, defaults to 100): interval in optimizer steps (0: only step 0).
+        every_n_steps (`int`, *optional*, defaults to 500): interval in optimizer steps (0: only step 0).
         layers (`Sequence[int]`, *optional*): layer ordinals (default: all).
         heads (`Sequence[int]`, *optional*): query heads (default: all).
         method (`str`, *optional*, defaults to ``"eig"``), include_unmasked (`bool`, *optional*, defaults to
@@ -132,9 +137,9 @@ class ConditionNumberCallback(TrainerCallback):
         probe_attention_mask: Optional[torch.Tensor] = None,
         *,
         dataset=None,
-        probe_size: int = 2,
-        probe_length: int = 32,
-        every_n_steps: int = 100,
+        probe_size: int = DEFAULT_PROBE_SIZE,
+        probe_length: int = DEFAULT_PROBE_LENGTH,
+        every_n_steps: int = DEFAULT_EVERY_N_STEPS,
         layers: Optional[Sequence[int]] = None,
         heads: Optional[Sequence[int]] = None,
         method: str = "eig",
