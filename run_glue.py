@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import datasets
-import transformers
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -49,14 +48,22 @@ from transformers import (
     default_data_collator,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
 from hf_condinit.glue import GLUE_TASKS, SUITE_TASKS, format_glue_table, get_task, glue_average, glue_task_score
 from hf_condinit.glue import read_glue_file
 from hf_condinit.metrics import load_glue_metric
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
-from hf_condinit.scripts_common import CondInitArguments, CondInitTrainer, flags_given, validate_deepspeed_config
+from hf_condinit.scripts_common import (
+    CondInitArguments,
+    CondInitTrainer,
+    find_last_checkpoint,
+    flags_given,
+    parse_args_with_defaults,
+    parse_config_overrides,
+    setup_logging,
+    validate_deepspeed_config,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -161,28 +168,6 @@ class GlueTrainingArguments(TrainingArguments):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _parse_overrides(text: str | None, reference) -> dict:
-    overrides = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        if "=" not in item:
-            raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
-        key, value = (s.strip() for s in item.split("=", 1))
-        if not hasattr(reference, key):
-            raise ValueError(f"--config_overrides: {type(reference).__name__} has no attribute {key!r}.")
-        old = getattr(reference, key)
-        if isinstance(old, bool):
-            overrides[key] = value.lower() in ("true", "1")
-        elif isinstance(old, int):
-            overrides[key] = int(value)
-        elif isinstance(old, float):
-            overrides[key] = float(value)
-        else:
-            overrides[key] = value
-    return overrides
 
 
 def load_task_datasets(task, data_args: DataTrainingArguments, model_args: ModelArguments):
@@ -290,7 +275,7 @@ def run_task(
             logger.warning("--init is ignored with --model_name_or_path (loaded weights are never re-initialised).")
     else:
         reference = CrammedBertConfig()
-        overrides = _parse_overrides(model_args.config_overrides, reference)
+        overrides = parse_config_overrides(model_args.config_overrides, reference)
         config = CrammedBertConfig(
             **{**overrides, **label_kwargs, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
         )
@@ -352,9 +337,7 @@ def run_task(
     )
 
     if training_args.do_train:
-        last_checkpoint = None
-        if os.path.isdir(training_args.output_dir):
-            last_checkpoint = get_last_checkpoint(training_args.output_dir)
+        last_checkpoint = find_last_checkpoint(training_args, logger)
         train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last_checkpoint)
         if trainer.is_deepspeed_enabled:
             logger.info(f"DeepSpeed enabled: ZeRO stage {trainer.accelerator.state.deepspeed_plugin.zero_stage}")
@@ -476,23 +459,12 @@ def run_suite(model_args, data_args, cond_args, training_args, attention_given: 
 def main(argv: list[str] | None = None):
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, CondInitArguments, GlueTrainingArguments))
     argv = sys.argv[1:] if argv is None else list(argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        model_args, data_args, cond_args, training_args = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    else:
-        model_args, data_args, cond_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    model_args, data_args, cond_args, training_args = parse_args_with_defaults(parser, argv, {})
     attention_given = "attention" in flags_given(argv, ["attention"])
     if training_args.deepspeed:
         validate_deepspeed_config(training_args, cond_args)
 
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%m/%d/%Y %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
-    log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
+    setup_logging(training_args, logger)
     logger.info(f"Training/evaluation parameters {training_args}")
 
     if data_args.glue_suite:

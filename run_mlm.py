@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
-import datasets
-import transformers
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
@@ -51,13 +48,21 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
 from hf_condinit.data.text import load_raw_datasets, pack_datasets, tokenize_datasets
 from hf_condinit.data.tokenizer import batch_iterator
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
-from hf_condinit.scripts_common import CondInitArguments, CondInitTrainer, flags_given, validate_deepspeed_config
+from hf_condinit.scripts_common import (
+    CondInitArguments,
+    CondInitTrainer,
+    find_last_checkpoint,
+    flags_given,
+    parse_args_with_defaults,
+    parse_config_overrides,
+    setup_logging,
+    validate_deepspeed_config,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -137,44 +142,12 @@ class MLMTrainingArguments(TrainingArguments):
 
 def build_config(model_args: ModelArguments, vocab_size: int, pad_token_id: int, max_len: int):
     """The config of a new model: ``--config_name`` or a default Crammed BERT, then ``--config_overrides``."""
-    overrides = {}
-    if model_args.config_overrides:
-        for item in model_args.config_overrides.split(","):
-            if not item.strip():
-                continue
-            if "=" not in item:
-                raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
-            key, value = (s.strip() for s in item.split("=", 1))
-            overrides[key] = value
     if model_args.config_name:
         config = AutoConfig.from_pretrained(model_args.config_name, cache_dir=model_args.cache_dir)
-        config_cls = type(config)
-        base = config.to_dict()
+        config_cls, base = type(config), config.to_dict()
     else:
-        config_cls = CrammedBertConfig
-        base = {}
-    # cast override strings with the types of the defaults (as PreTrainedConfig.update_from_string)
-    reference = config_cls() if not base else config_cls(**base)
-    for key, value in list(overrides.items()):
-        if not hasattr(reference, key):
-            raise ValueError(f"--config_overrides: {config_cls.__name__} has no attribute {key!r}.")
-        old = getattr(reference, key)
-        if isinstance(old, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"--config_overrides: {key}={value!r} is not a boolean.")
-            overrides[key] = value.lower() in ("true", "1")
-        elif isinstance(old, int):
-            overrides[key] = int(value)
-        elif isinstance(old, float):
-            overrides[key] = float(value)
-        elif old is None:
-            try:
-                overrides[key] = int(value)
-            except ValueError:
-                try:
-                    overrides[key] = float(value)
-                except ValueError:
-                    overrides[key] = value
+        config_cls, base = CrammedBertConfig, {}
+    overrides = parse_config_overrides(model_args.config_overrides, config_cls(**base))
     kwargs = {**base, **overrides}
     kwargs["vocab_size"] = vocab_size
     kwargs["pad_token_id"] = pad_token_id
@@ -217,30 +190,15 @@ def preprocess_logits_for_metrics(logits, labels):
 def main(argv: list[str] | None = None):
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, CondInitArguments, MLMTrainingArguments))
     argv = sys.argv[1:] if argv is None else list(argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        model_args, data_args, cond_args, training_args = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    else:
-        model_args, data_args, cond_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    model_args, data_args, cond_args, training_args = parse_args_with_defaults(parser, argv, {})
     attention_given = "attention" in flags_given(argv, ["attention"])
     if training_args.deepspeed:
         validate_deepspeed_config(training_args, cond_args)
 
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%m/%d/%Y %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
-    log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
+    setup_logging(training_args, logger)
     logger.info(f"Training/evaluation parameters {training_args}")
 
-    last_checkpoint = None
-    if os.path.isdir(training_args.output_dir) and training_args.do_train:
-        last_checkpoint = get_last_checkpoint(training_args.output_dir)
-        if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
-            logger.info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
+    last_checkpoint = find_last_checkpoint(training_args, logger)
 
     set_seed(training_args.seed)
 

@@ -6,6 +6,9 @@
 - :func:`parse_args_with_defaults`: ``HfArgumentParser`` parsing (command line or a single ``.json`` file) where a
   set of defaults replaces the dataclass defaults *only for flags the user did not give* (see below).
 - :data:`LM_TRAINING_DEFAULTS`: the LM settings of METHODS.md §7.
+- :func:`setup_logging`: the HF-example logging set-up; :func:`find_last_checkpoint`: the checkpoint to resume from
+  when ``--output_dir`` already holds one.
+- :func:`parse_config_overrides`: ``--config_overrides "key=value,..."`` cast with the types of a reference config.
 - :func:`validate_deepspeed_config`: contradictions between a DeepSpeed config and the flags, raised before any
   data or model work (the Trainer would only raise them when training starts).
 - :class:`CondInitTrainer`: a ``Trainer`` whose weight-decay rule also exempts ``condinit_`` holder parameters.
@@ -44,6 +47,8 @@ __all__ = [
     "known_init_names",
     "setup_logging",
     "select_splits",
+    "parse_config_overrides",
+    "find_last_checkpoint",
 ]
 
 # METHODS.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
@@ -214,7 +219,7 @@ def parse_args_with_defaults(parser, argv: list[str] | None, defaults: dict[str,
     if unknown:
         raise KeyError(f"defaults for unknown fields: {sorted(unknown)}")
     if len(argv) == 1 and argv[0].endswith(".json"):
-        with open(os.path.abspath(argv[0])) as f:
+        with open(os.path.abspath(argv[0]), encoding="utf-8") as f:
             given = json.load(f)
         return parser.parse_dict({**defaults, **given})
     parser.set_defaults(**defaults)
@@ -364,3 +369,61 @@ def select_splits(lm_datasets, training_args, max_train_samples: int | None = No
         if len(eval_dataset) == 0:
             raise ValueError("the validation set has no full block; give more validation text or a smaller block size")
     return train_dataset, eval_dataset
+
+
+_TRUE, _FALSE = ("true", "1"), ("false", "0")
+
+
+def parse_config_overrides(text: str | None, reference_config) -> dict[str, Any]:
+    """Parse ``--config_overrides`` (``"key=value,key=value"``) into a dict of typed values.
+
+    Each value is cast with the type of the same attribute of ``reference_config`` (as
+    ``PreTrainedConfig.update_from_string`` does): ``bool`` accepts ``true/false/1/0`` (any case), ``int`` and
+    ``float`` are converted, an attribute whose reference value is ``None`` takes an int, else a float, else the
+    string, and any other type keeps the string. Empty items (``"a=1,,b=2"``) are skipped; a later key wins.
+
+    Raises ``ValueError`` naming ``--config_overrides`` for an item without ``=``, a key that is not an attribute of
+    ``reference_config``, a value that is not a boolean / int / float where one is needed.
+    """
+    overrides: dict[str, Any] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
+        key, value = (s.strip() for s in item.split("=", 1))
+        if not hasattr(reference_config, key):
+            raise ValueError(f"--config_overrides: {type(reference_config).__name__} has no attribute {key!r}.")
+        old = getattr(reference_config, key)
+        if isinstance(old, bool):
+            if value.lower() not in _TRUE + _FALSE:
+                raise ValueError(f"--config_overrides: {key}={value!r} is not a boolean (true/false/1/0).")
+            overrides[key] = value.lower() in _TRUE
+        elif isinstance(old, (int, float)):
+            try:
+                overrides[key] = type(old)(value)
+            except ValueError:
+                raise ValueError(f"--config_overrides: {key}={value!r} is not {type(old).__name__}.") from None
+        elif old is None:
+            for cast in (int, float, str):
+                try:
+                    overrides[key] = cast(value)
+                    break
+                except ValueError:
+                    continue
+        else:
+            overrides[key] = value
+    return overrides
+
+
+def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -> str | None:
+    """The newest ``checkpoint-*`` directory in ``--output_dir`` when training (``--do_train``) into an existing
+    directory, else ``None``; logs that training resumes there unless ``--resume_from_checkpoint`` is given."""
+    if not (training_args.do_train and os.path.isdir(training_args.output_dir)):
+        return None
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last_checkpoint = get_last_checkpoint(training_args.output_dir)
+    if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
+        (logger_ or logger).info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
+    return last_checkpoint

@@ -136,3 +136,21 @@ def test_run_mlm_deepspeed_zero2_passes_through(story_file, tmp_path):
     assert "DeepSpeed enabled: ZeRO stage 2" in logs, logs[-3000:]
     results = json.loads((out / "all_results.json").read_text())
     assert math.isfinite(results["train_loss"])
+
+
+def test_parse_config_overrides_casts_with_the_reference_types():
+    """Values take the type of the reference attribute; bad items name the flag and the problem."""
+    from hf_condinit.models.crammed_bert import CrammedBertConfig
+    from hf_condinit.scripts_common import parse_config_overrides
+
+    ref = CrammedBertConfig()
+    ref.extra_none = None
+    got = parse_config_overrides("num_hidden_layers=3, tie_word_embeddings=FALSE,,layer_norm_eps=1e-6,extra_none=2.5",
+                                 ref)
+    assert got == {"num_hidden_layers": 3, "tie_word_embeddings": False, "layer_norm_eps": 1e-6, "extra_none": 2.5}
+    assert type(got["num_hidden_layers"]) is int and type(got["layer_norm_eps"]) is float
+    for bad, message in [("num_hidden_layers", "not of the form key=value"),
+                         ("tie_word_embeddings=maybe", "is not a boolean"),
+                         ("num_hidden_layers=two", "is not int")]:
+        with pytest.raises(ValueError, match=message):
+            parse_config_overrides(bad, ref)
