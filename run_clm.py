@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -62,11 +61,14 @@ from hf_condinit.scripts_common import (
     LM_TRAINING_DEFAULTS,
     CondInitArguments,
     CondInitTrainer,
+    evaluate_with_perplexity,
     flags_given,
+    log_deepspeed,
     make_condition_number_callback,
     parse_args_with_defaults,
     select_splits,
     setup_logging,
+    train_and_save,
     validate_deepspeed_config,
 )
 
@@ -380,11 +382,7 @@ def main(argv=None):
         compute_metrics=compute_metrics,
         preprocess_logits_for_metrics=preprocess,
     )
-    if training_args.deepspeed:
-        logger.warning(
-            f"DeepSpeed enabled: {trainer.is_deepspeed_enabled}, ZeRO stage "
-            f"{training_args.hf_deepspeed_config.get_value('zero_optimization.stage', 0)}, world size {training_args.world_size}"
-        )
+    log_deepspeed(trainer, training_args, logger)
     if cond_args.log_condition_number_every:
         source = eval_dataset if eval_dataset is not None else train_dataset
         cond_args.condition_number_probe_length = min(cond_args.condition_number_probe_length, block_size)
@@ -393,27 +391,9 @@ def main(argv=None):
     # ---- train / eval -------------------------------------------------------------------------------------------
     results = {}
     if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model()  # also saves the tokenizer: the checkpoint is self-contained
-        metrics = dict(train_result.metrics)
-        metrics["train_samples"] = len(train_dataset)
-        if "train_samples_per_second" in metrics:
-            metrics["train_tokens_per_second"] = round(metrics["train_samples_per_second"] * block_size, 1)
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
-        trainer.save_state()
-        results.update(metrics)
+        results.update(train_and_save(trainer, train_dataset, resume, block_size))
     if training_args.do_eval:
-        metrics = trainer.evaluate()
-        metrics["eval_samples"] = len(eval_dataset)
-        try:
-            metrics["perplexity"] = math.exp(metrics["eval_loss"])
-        except OverflowError:
-            metrics["perplexity"] = float("inf")
-        trainer.log({"perplexity": metrics["perplexity"]})
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
-        results.update(metrics)
+        results.update(evaluate_with_perplexity(trainer, eval_dataset))
     if trainer.is_world_process_zero():
         summary = {k: results[k] for k in ("eval_loss", "perplexity", "eval_recall_accuracy", "train_loss",
                                             "train_runtime", "train_tokens_per_second") if k in results}

@@ -59,9 +59,11 @@ from hf_condinit.scripts_common import (
     CondInitTrainer,
     find_last_checkpoint,
     flags_given,
+    log_deepspeed,
     parse_args_with_defaults,
     parse_config_overrides,
     setup_logging,
+    train_and_save,
     validate_deepspeed_config,
 )
 
@@ -336,17 +338,10 @@ def run_task(
         data_collator=data_collator,
     )
 
+    log_deepspeed(trainer, training_args, logger)
     if training_args.do_train:
         last_checkpoint = find_last_checkpoint(training_args, logger)
-        train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last_checkpoint)
-        if trainer.is_deepspeed_enabled:
-            logger.info(f"DeepSpeed enabled: ZeRO stage {trainer.accelerator.state.deepspeed_plugin.zero_stage}")
-        metrics = train_result.metrics
-        metrics["train_samples"] = len(train_dataset)
-        trainer.save_model()
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
-        trainer.save_state()
+        train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint)
 
     combined: dict = {}
     if training_args.do_eval:

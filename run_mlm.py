@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from dataclasses import dataclass, field
 
@@ -56,11 +55,15 @@ from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_t
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    evaluate_with_perplexity,
     find_last_checkpoint,
     flags_given,
+    log_deepspeed,
     parse_args_with_defaults,
     parse_config_overrides,
+    select_splits,
     setup_logging,
+    train_and_save,
     validate_deepspeed_config,
 )
 
@@ -274,17 +277,9 @@ def main(argv: list[str] | None = None):
             add_labels=False,
         )
 
-    train_dataset = eval_dataset = None
-    if training_args.do_train:
-        train_dataset = lm_datasets["train"]
-        if data_args.max_train_samples is not None:
-            train_dataset = train_dataset.select(range(min(len(train_dataset), data_args.max_train_samples)))
-    if training_args.do_eval:
-        if "validation" not in lm_datasets:
-            raise ValueError("--do_eval requires --validation_file or --validation_split_percentage > 0.")
-        eval_dataset = lm_datasets["validation"]
-        if data_args.max_eval_samples is not None:
-            eval_dataset = eval_dataset.select(range(min(len(eval_dataset), data_args.max_eval_samples)))
+    train_dataset, eval_dataset = select_splits(
+        lm_datasets, training_args, data_args.max_train_samples, data_args.max_eval_samples
+    )
 
     data_collator = DataCollatorForLanguageModeling(
         tokenizer=tokenizer,
@@ -303,27 +298,11 @@ def main(argv: list[str] | None = None):
         preprocess_logits_for_metrics=preprocess_logits_for_metrics if training_args.do_eval else None,
     )
 
+    log_deepspeed(trainer, training_args, logger)
     if training_args.do_train:
-        checkpoint = training_args.resume_from_checkpoint or last_checkpoint
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        if trainer.is_deepspeed_enabled:
-            logger.info(f"DeepSpeed enabled: ZeRO stage {trainer.accelerator.state.deepspeed_plugin.zero_stage}")
-        trainer.save_model()  # saves the tokenizer too
-        metrics = train_result.metrics
-        metrics["train_samples"] = len(train_dataset)
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
-        trainer.save_state()
-
+        train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint)
     if training_args.do_eval:
-        metrics = trainer.evaluate()
-        metrics["eval_samples"] = len(eval_dataset)
-        try:
-            metrics["perplexity"] = math.exp(metrics["eval_loss"])
-        except OverflowError:
-            metrics["perplexity"] = float("inf")
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+        evaluate_with_perplexity(trainer, eval_dataset)
 
     return trainer
 

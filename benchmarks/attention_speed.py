@@ -31,21 +31,12 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _procmem import reset_peak_rss, status_kib  # noqa: E402
+
 IMPLS = ("sdpa", "eager", "affine_scaled", "attention_sink", "preconditioned", "spectral", "affine_scaled_reference")
 SEQS = (256, 512, 1024, 2048)
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def build(impl: str, seq: int, args):
@@ -111,10 +102,11 @@ def measure(args) -> list[dict]:
                 step(model)
                 peak = torch.cuda.max_memory_allocated() - base
             else:
-                base = _status_kib("VmRSS")
-                _reset_peak_rss()
+                base = status_kib("VmRSS")
+                if not reset_peak_rss():
+                    raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs); run on CPU with Linux >= 4.0")
                 step(model)
-                peak = (_status_kib("VmHWM") - base) * 1024
+                peak = (status_kib("VmHWM") - base) * 1024
             wall, cpu = statistics.median(times[impl]), statistics.median(cpu_times[impl])
             t = cpu if args.clock == "cpu" else wall
             rows.append({"impl": impl, "seq": seq, "batch": args.batch, "clock": args.clock, "seconds": t,

@@ -41,25 +41,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _procmem import reset_peak_rss, status_kib  # noqa: E402
 
 CONFIGS = {"472m": "gpt2-472m.json", "1.72b": "gpt2-1.72b.json", "tiny": "gpt2-tiny.json", "small-cpu": "gpt2-small-cpu.json"}
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,7 +183,7 @@ def init_worker(size: str, mode: str, dtype_name: str, mimetic_layers: int) -> d
     with open(path) as f:
         raw = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
     cfg = AutoConfig.for_model(**raw)
-    rss0 = _status_kib("VmRSS")
+    rss0 = status_kib("VmRSS")
     kw = dict(dtype=dtype, attn_implementation="sdpa")
     if mode == "conditioned":
         kw["condinit"] = {"method": "conditioned", "seed": 0}
@@ -209,7 +193,7 @@ def init_worker(size: str, mode: str, dtype_name: str, mimetic_layers: int) -> d
     build_s = time.perf_counter() - t0
     out = dict(size=size, mode=mode, dtype=dtype_name, build_s=build_s,
                n_params=sum(p.numel() for p in model.parameters()),
-               rss_before_kib=rss0, rss_after_build_kib=_status_kib("VmRSS"),
+               rss_before_kib=rss0, rss_after_build_kib=status_kib("VmRSS"),
                peak_rss_build_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, threads=torch.get_num_threads())
     if mode == "default":
@@ -220,31 +204,31 @@ def init_worker(size: str, mode: str, dtype_name: str, mimetic_layers: int) -> d
         probe = model.transformer.h[0].mlp.c_fc.weight
         before = probe[0, :4].clone()
         gc.collect()
-        _reset_peak_rss()
-        base = _status_kib("VmRSS")
+        reset_peak_rss()
+        base = status_kib("VmRSS")
         t0 = time.perf_counter()
         with torch.no_grad():
             for m in model.modules():
                 model._init_weights(m)
         out["default_init_s"] = time.perf_counter() - t0
         out["default_init_rewrote_weights"] = bool(not torch.equal(before, probe[0, :4]))
-        out["default_init_extra_peak_kib"] = _status_kib("VmHWM") - base
+        out["default_init_extra_peak_kib"] = status_kib("VmHWM") - base
         # conditioned init alone
         gc.collect()
-        _reset_peak_rss()
-        base = _status_kib("VmRSS")
+        reset_peak_rss()
+        base = status_kib("VmRSS")
         t0 = time.perf_counter()
         hf_condinit.apply_init(model, "conditioned", seed=0, overwrite_loaded=True)
         out["conditioned_apply_s"] = time.perf_counter() - t0
-        out["conditioned_apply_extra_peak_kib"] = _status_kib("VmHWM") - base
+        out["conditioned_apply_extra_peak_kib"] = status_kib("VmHWM") - base
         # mimetic on the first blocks, extrapolated per layer
         if mimetic_layers > 0:
             layout = hf_condinit.get_layout(model)
             blocks = layout.attention_modules(model)[:mimetic_layers]
             mcfg = CondInitConfig(method="mimetic", seed=0)
             gc.collect()
-            _reset_peak_rss()
-            base = _status_kib("VmRSS")
+            reset_peak_rss()
+            base = status_kib("VmRSS")
             t0 = time.perf_counter()
             for i, (_, blk) in enumerate(blocks):
                 init_attention_block(blk, i, layout, model.config, mcfg, loaded="overwrite")
@@ -252,7 +236,7 @@ def init_worker(size: str, mode: str, dtype_name: str, mimetic_layers: int) -> d
             out["mimetic_layers_timed"] = len(blocks)
             out["mimetic_per_layer_s"] = per_layer
             out["mimetic_extrapolated_s"] = per_layer * cfg.n_layer
-            out["mimetic_extra_peak_kib"] = _status_kib("VmHWM") - base
+            out["mimetic_extra_peak_kib"] = status_kib("VmHWM") - base
     out["peak_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return out
 

@@ -263,21 +263,8 @@ def read_glue_tsv(path: str, task: str | GlueTask, *, require_label: bool = True
     else:
         columns = _resolve_columns(task, first, path, require_label)
         n_fields, start = len(first), 1
-    records = []
-    for lineno, line in enumerate(lines[start:], start=start + 1):
-        line = line.rstrip("\r")
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        fields = line.split("\t")
-        if len(fields) != n_fields:
-            _bad(where, f"expected {n_fields} tab-separated fields, found {len(fields)}.", bad_lines)
-            continue
-        try:
-            records.append(_make_record(task, fields, columns, where))
-        except GlueFormatError as err:
-            _bad(where, str(err).split(": ", 1)[1], bad_lines)
-    return records
+    rows = ((f"{path}:{lineno}", line.rstrip("\r").split("\t")) for lineno, line in enumerate(lines[start:], start + 1))
+    return _records_from_rows(task, rows, n_fields, columns, "tab", bad_lines)
 
 
 def read_glue_csv(path: str, task: str | GlueTask, *, require_label: bool = True, bad_lines: str = "error") -> list:
@@ -291,20 +278,30 @@ def read_glue_csv(path: str, task: str | GlueTask, *, require_label: bool = True
         except StopIteration:
             raise GlueFormatError(f"{path}:1: the file is empty.") from None
         columns = _resolve_columns(task, header, path, require_label)
-        records = []
-        previous_end = reader.line_num
-        for fields in reader:
-            where = f"{path}:{previous_end + 1}"
+
+        def rows():  # a quoted field may span lines: a row's location is the line it starts on
             previous_end = reader.line_num
-            if not fields or not any(f.strip() for f in fields):
-                continue
-            if len(fields) != len(header):
-                _bad(where, f"expected {len(header)} comma-separated fields, found {len(fields)}.", bad_lines)
-                continue
-            try:
-                records.append(_make_record(task, fields, columns, where))
-            except GlueFormatError as err:
-                _bad(where, str(err).split(": ", 1)[1], bad_lines)
+            for fields in reader:
+                yield f"{path}:{previous_end + 1}", fields
+                previous_end = reader.line_num
+
+        return _records_from_rows(task, rows(), len(header), columns, "comma", bad_lines)
+
+
+def _records_from_rows(task: GlueTask, rows, n_fields: int, columns, separator: str, bad_lines: str) -> list:
+    """Records from ``(location, fields)`` pairs: blank rows are skipped; a row with the wrong number of fields or a
+    value that does not parse goes to :func:`_bad` (raise, warn or skip, per ``bad_lines``) with its location."""
+    records = []
+    for where, fields in rows:
+        if not any(f.strip() for f in fields):
+            continue
+        if len(fields) != n_fields:
+            _bad(where, f"expected {n_fields} {separator}-separated fields, found {len(fields)}.", bad_lines)
+            continue
+        try:
+            records.append(_make_record(task, fields, columns, where))
+        except GlueFormatError as err:
+            _bad(where, str(err).split(": ", 1)[1], bad_lines)
     return records
 
 

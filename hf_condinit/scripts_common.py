@@ -9,6 +9,8 @@
 - :func:`setup_logging`: the HF-example logging set-up; :func:`find_last_checkpoint`: the checkpoint to resume from
   when ``--output_dir`` already holds one.
 - :func:`parse_config_overrides`: ``--config_overrides "key=value,..."`` cast with the types of a reference config.
+- :func:`log_deepspeed`, :func:`train_and_save`, :func:`evaluate_with_perplexity`: the train / save / evaluate tail
+  that the three scripts share.
 - :func:`validate_deepspeed_config`: contradictions between a DeepSpeed config and the flags, raised before any
   data or model work (the Trainer would only raise them when training starts).
 - :class:`CondInitTrainer`: a ``Trainer`` whose weight-decay rule also exempts ``condinit_`` holder parameters.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +52,9 @@ __all__ = [
     "select_splits",
     "parse_config_overrides",
     "find_last_checkpoint",
+    "log_deepspeed",
+    "train_and_save",
+    "evaluate_with_perplexity",
 ]
 
 # METHODS.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
@@ -427,3 +433,43 @@ def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -
     if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
         (logger_ or logger).info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
     return last_checkpoint
+
+
+def log_deepspeed(trainer, training_args, logger_: logging.Logger | None = None) -> None:
+    """Log (warning level, every rank) whether DeepSpeed is on, its ZeRO stage and the world size."""
+    if training_args.deepspeed:
+        stage = training_args.hf_deepspeed_config.get_value("zero_optimization.stage", 0)
+        (logger_ or logger).warning(
+            f"DeepSpeed enabled: {trainer.is_deepspeed_enabled}, ZeRO stage {stage}, world size {training_args.world_size}"
+        )
+
+
+def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_size: int | None = None) -> dict:
+    """``trainer.train`` (resuming from ``resume_from_checkpoint`` when given), then save the model (and the
+    tokenizer: the checkpoint is self-contained), the ``train`` metrics and the trainer state. With ``block_size``
+    (tokens per sample) the metrics gain ``train_tokens_per_second``. Returns the metrics."""
+    train_result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    trainer.save_model()
+    metrics = dict(train_result.metrics)
+    metrics["train_samples"] = len(train_dataset)
+    if block_size and "train_samples_per_second" in metrics:
+        metrics["train_tokens_per_second"] = round(metrics["train_samples_per_second"] * block_size, 1)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    return metrics
+
+
+def evaluate_with_perplexity(trainer, eval_dataset) -> dict:
+    """``trainer.evaluate`` plus ``perplexity = exp(eval_loss)`` (``inf`` on overflow), logged through the Trainer
+    (``report_to``) and saved to ``<output_dir>/eval_results.json``. Returns the metrics."""
+    metrics = trainer.evaluate()
+    metrics["eval_samples"] = len(eval_dataset)
+    try:
+        metrics["perplexity"] = math.exp(metrics["eval_loss"])
+    except OverflowError:
+        metrics["perplexity"] = float("inf")
+    trainer.log({"perplexity": metrics["perplexity"]})
+    trainer.log_metrics("eval", metrics)
+    trainer.save_metrics("eval", metrics)
+    return metrics
