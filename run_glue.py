@@ -32,7 +32,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +42,6 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     DataCollatorWithPadding,
-    HfArgumentParser,
     TrainingArguments,
     default_data_collator,
     set_seed,
@@ -58,13 +56,10 @@ from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
     find_last_checkpoint,
-    flags_given,
     log_deepspeed,
-    parse_args_with_defaults,
+    parse_and_set_up,
     parse_config_overrides,
-    setup_logging,
     train_and_save,
-    validate_deepspeed_config,
 )
 
 logger = logging.getLogger(__name__)
@@ -164,7 +159,7 @@ class GlueTrainingArguments(TrainingArguments):
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch size."})
     num_train_epochs: float = field(default=5.0, metadata={"help": "Epochs (crammed: 5)."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Schedule (crammed: cosine)."})
-    warmup_steps: float = field(default=0.1, metadata={"help": "Warm-up: fraction (< 1) or steps (crammed: 10 %)."})
+    warmup_steps: float = field(default=0.1, metadata={"help": "Warm-up: fraction (< 1) or steps (crammed: 10 %%)."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (AdamW)."})
 
@@ -452,15 +447,9 @@ def run_suite(model_args, data_args, cond_args, training_args, attention_given: 
 
 
 def main(argv: list[str] | None = None):
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, CondInitArguments, GlueTrainingArguments))
-    argv = sys.argv[1:] if argv is None else list(argv)
-    model_args, data_args, cond_args, training_args = parse_args_with_defaults(parser, argv, {})
-    attention_given = "attention" in flags_given(argv, ["attention"])
-    if training_args.deepspeed:
-        validate_deepspeed_config(training_args, cond_args)
-
-    setup_logging(training_args, logger)
-    logger.info(f"Training/evaluation parameters {training_args}")
+    (model_args, data_args, cond_args, training_args), attention_given = parse_and_set_up(
+        (ModelArguments, DataTrainingArguments, CondInitArguments, GlueTrainingArguments), argv, logger
+    )
 
     if data_args.glue_suite:
         return run_suite(model_args, data_args, cond_args, training_args, attention_given)

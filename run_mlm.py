@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +42,6 @@ from transformers import (
     AutoModelForMaskedLM,
     AutoTokenizer,
     DataCollatorForLanguageModeling,
-    HfArgumentParser,
     TrainingArguments,
     set_seed,
 )
@@ -57,14 +55,11 @@ from hf_condinit.scripts_common import (
     CondInitTrainer,
     evaluate_with_perplexity,
     find_last_checkpoint,
-    flags_given,
     log_deepspeed,
-    parse_args_with_defaults,
+    parse_and_set_up,
     parse_config_overrides,
     select_splits,
-    setup_logging,
     train_and_save,
-    validate_deepspeed_config,
 )
 
 logger = logging.getLogger(__name__)
@@ -106,7 +101,7 @@ class DataTrainingArguments:
     validation_file: str | None = field(default=None, metadata={"help": "Validation text, same format."})
     text_column: str | None = field(default=None, metadata={"help": "Text column of json / hub data."})
     validation_split_percentage: float = field(
-        default=5, metadata={"help": "Without --validation_file: the first N% of the training rows."}
+        default=5, metadata={"help": "Without --validation_file: the first N %% of the training rows."}
     )
     max_seq_length: int = field(default=128, metadata={"help": "Block length after packing (crammed: 128)."})
     mlm_probability: float = field(default=0.25, metadata={"help": "Masking rate (crammed: 0.25)."})
@@ -191,15 +186,9 @@ def preprocess_logits_for_metrics(logits, labels):
 
 
 def main(argv: list[str] | None = None):
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, CondInitArguments, MLMTrainingArguments))
-    argv = sys.argv[1:] if argv is None else list(argv)
-    model_args, data_args, cond_args, training_args = parse_args_with_defaults(parser, argv, {})
-    attention_given = "attention" in flags_given(argv, ["attention"])
-    if training_args.deepspeed:
-        validate_deepspeed_config(training_args, cond_args)
-
-    setup_logging(training_args, logger)
-    logger.info(f"Training/evaluation parameters {training_args}")
+    (model_args, data_args, cond_args, training_args), attention_given = parse_and_set_up(
+        (ModelArguments, DataTrainingArguments, CondInitArguments, MLMTrainingArguments), argv, logger
+    )
 
     last_checkpoint = find_last_checkpoint(training_args, logger)
 

@@ -9,6 +9,7 @@
 - :func:`setup_logging`: the HF-example logging set-up; :func:`find_last_checkpoint`: the checkpoint to resume from
   when ``--output_dir`` already holds one.
 - :func:`parse_config_overrides`: ``--config_overrides "key=value,..."`` cast with the types of a reference config.
+- :func:`parse_and_set_up`: the start of ``run_mlm.py`` / ``run_glue.py`` (parse, check DeepSpeed, set up logging).
 - :func:`log_deepspeed`, :func:`train_and_save`, :func:`evaluate_with_perplexity`: the train / save / evaluate tail
   that the three scripts share.
 - :func:`validate_deepspeed_config`: contradictions between a DeepSpeed config and the flags, raised before any
@@ -473,3 +474,25 @@ def evaluate_with_perplexity(trainer, eval_dataset) -> dict:
     trainer.log_metrics("eval", metrics)
     trainer.save_metrics("eval", metrics)
     return metrics
+
+
+def parse_and_set_up(dataclass_types, argv: list[str] | None, logger_: logging.Logger | None = None):
+    """Parse ``argv`` (``sys.argv[1:]`` when ``None``; flags or one ``.json``) into ``dataclass_types`` (one of
+    them :class:`CondInitArguments`, the last a ``TrainingArguments``), check the DeepSpeed config against the flags,
+    set up logging and log the training arguments.
+
+    Returns ``(dataclasses, attention_given)``: the parsed tuple, and whether ``--attention`` was given explicitly
+    (a loaded checkpoint otherwise keeps the attention implementation it was saved with)."""
+    import sys
+
+    from transformers import HfArgumentParser
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parsed = parse_args_with_defaults(HfArgumentParser(dataclass_types), argv, {})
+    cond_args = next(a for a in parsed if isinstance(a, CondInitArguments))
+    training_args = parsed[-1]
+    if training_args.deepspeed:
+        validate_deepspeed_config(training_args, cond_args)
+    setup_logging(training_args, logger_)
+    (logger_ or logger).info(f"Training/evaluation parameters {training_args}")
+    return parsed, "attention" in flags_given(argv, ["attention"])

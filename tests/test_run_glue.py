@@ -284,3 +284,12 @@ def test_run_glue_bad_inputs(checkpoint, tmp_path):
             "--model_name_or_path", checkpoint, "--task_name", "rte", "--train_file", str(tmp_path / "missing.tsv"),
             "--output_dir", str(tmp_path / "o3"), *COMMON,
         ])
+
+
+@pytest.mark.parametrize("script", ["run_glue.py", "run_mlm.py"])
+def test_help_formats(script, capsys):
+    """Every help string must format: a bare '%' in a field's help breaks ``--help`` in argparse."""
+    module = run_glue if script == "run_glue.py" else load_script(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0 and "--init" in capsys.readouterr().out
