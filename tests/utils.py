@@ -33,8 +33,15 @@ def require(path: Path) -> Path:
 
 
 def load_script(relative_path: str, name: str | None = None):
-    """Import a script of the repo (``run_clm.py``, ``benchmarks/compare.py``) as a module."""
+    """Import a script of the repo (``run_clm.py``, ``benchmarks/compare.py``) as a module, once per session.
+
+    A second import would replace ``sys.modules[name]`` with new classes, and the first module's objects (e.g. its
+    ``TrainingArguments`` subclass, pickled by the Trainer into checkpoints) would no longer pickle."""
     name = name or Path(relative_path).stem
+    path = (REPO / relative_path).resolve()
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() == path:
+        return loaded
     spec = importlib.util.spec_from_file_location(name, REPO / relative_path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses resolve string annotations through sys.modules
