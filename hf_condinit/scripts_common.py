@@ -56,6 +56,7 @@ __all__ = [
     "log_deepspeed",
     "train_and_save",
     "evaluate_with_perplexity",
+    "parse_and_set_up",
 ]
 
 # METHODS.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on

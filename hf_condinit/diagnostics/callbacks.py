@@ -25,8 +25,9 @@ and the parameter gathering, which are collective.
 Cost: one float64 ``eigvalsh`` of (B·N·d)² per head. On a 4-layer, 256-wide, 4-head GPT-2 (d = 64, 16 heads) on
 2 CPU cores, a 2 × 32 probe (G 4096²) took 53 s per measurement, about 87 training steps of 8 × 256 tokens, and a
 2 × 16 probe (G 2048²) 9.2 s, about 15 steps (``benchmarks/throughput.py --parts kappa``). Hence the defaults,
-2 × 16 tokens every 500 steps (2.9 % of training time on that model) (:data:`DEFAULT_PROBE_LENGTH`, :data:`DEFAULT_EVERY_N_STEPS`); use ``layers=`` / ``heads=`` or
-``device="model"`` (the eigenproblems on the GPU) to cut the cost further.
+2 × 16 tokens every 500 steps, 2.9 % of training time on that model (:data:`DEFAULT_PROBE_LENGTH`,
+:data:`DEFAULT_EVERY_N_STEPS`); use ``layers=`` / ``heads=`` or ``device="model"`` (the eigenproblems on the GPU)
+to cut the cost further.
 """
 
 from __future__ import annotations
