@@ -66,6 +66,7 @@ from hf_condinit.scripts_common import (
     log_deepspeed,
     make_condition_number_callback,
     parse_args_with_defaults,
+    parse_config_overrides,
     select_splits,
     setup_logging,
     train_and_save,
@@ -104,7 +105,7 @@ class ModelArguments:
     )
     config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Override config values, e.g. 'n_embd=10,resid_pdrop=0.2' (PretrainedConfig.update_from_string)."},
+        metadata={"help": "Override config values, e.g. 'n_embd=10,resid_pdrop=0.2' (typed like the config's own values)."},
     )
     tokenizer_name: str | None = field(
         default=None,
@@ -263,7 +264,7 @@ def main(argv=None):
     config, config_path = resolve_model_config(config_name, model_args)
     if model_args.config_overrides:
         logger.info(f"Overriding config: {model_args.config_overrides}")
-        config.update_from_string(model_args.config_overrides)
+        config.update(parse_config_overrides(model_args.config_overrides, config))
     context = context_length(config)
     spec = None
     if synthetic:

@@ -289,7 +289,7 @@ def test_run_glue_bad_inputs(checkpoint, tmp_path):
 @pytest.mark.parametrize("script", ["run_glue.py", "run_mlm.py"])
 def test_help_formats(script, capsys):
     """Every help string must format: a bare '%' in a field's help breaks ``--help`` in argparse."""
-    module = run_glue if script == "run_glue.py" else load_script(script)
+    module = load_script(script)  # imported once per session: the module the other tests use
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
     assert exit_info.value.code == 0 and "--init" in capsys.readouterr().out
