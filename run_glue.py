@@ -49,8 +49,7 @@ from transformers import (
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
 from hf_condinit.glue import GLUE_TASKS, SUITE_TASKS, format_glue_table, get_task, glue_average, glue_task_score
-from hf_condinit.glue import read_glue_file
-from hf_condinit.metrics import load_glue_metric
+from hf_condinit.glue import load_glue_metric, read_glue_file
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
 from hf_condinit.scripts_common import (
     CondInitArguments,

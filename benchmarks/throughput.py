@@ -138,7 +138,7 @@ def part_kappa(args, train_result: dict | None) -> dict:
         step_s = statistics.median(ts[args.warmup:])
     g = torch.Generator().manual_seed(1)
     rows = []
-    from hf_condinit.diagnostics.callbacks import DEFAULT_EVERY_N_STEPS, DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
+    from hf_condinit.callbacks import DEFAULT_EVERY_N_STEPS, DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
 
     probes = ((f"callback default ({DEFAULT_PROBE_SIZE}×{DEFAULT_PROBE_LENGTH}, causal)",
                (DEFAULT_PROBE_SIZE, DEFAULT_PROBE_LENGTH), False),

@@ -24,7 +24,7 @@ from .registry import register_scheme, register_variant  # noqa: E402
 _LAZY = {
     "attention_jacobian_condition_number": ("hf_condinit.diagnostics", "attention_jacobian_condition_number"),
     "ConditionReport": ("hf_condinit.diagnostics", "ConditionReport"),
-    "ConditionNumberCallback": ("hf_condinit.diagnostics", "ConditionNumberCallback"),
+    "ConditionNumberCallback": ("hf_condinit.callbacks", "ConditionNumberCallback"),
     "ConditionedInitCallback": ("hf_condinit.callbacks", "ConditionedInitCallback"),
     "apply_spectral_conditioning": ("hf_condinit.attention", "apply_spectral_conditioning"),
     "merge_spectral": ("hf_condinit.attention", "merge_spectral"),

@@ -16,7 +16,7 @@
   data or model work (the Trainer would only raise them when training starts).
 - :class:`CondInitTrainer`: a ``Trainer`` whose weight-decay rule also exempts ``condinit_`` holder parameters.
 - :func:`make_condition_number_callback`: wires ``--log_condition_number_every N`` to
-  ``hf_condinit.diagnostics.ConditionNumberCallback``.
+  ``hf_condinit.callbacks.ConditionNumberCallback``.
 
 How "not set by the user" is detected: the defaults are installed as *parser* defaults with
 ``HfArgumentParser.set_defaults`` (argparse's own mechanism), so an explicit flag always wins and an absent flag
@@ -34,7 +34,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .diagnostics.callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
+from .callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class CondInitTrainer(_Trainer):
 
 
 def make_condition_number_callback(cond_args: CondInitArguments, dataset, trainer=None):
-    """``hf_condinit.diagnostics.ConditionNumberCallback`` for ``--log_condition_number_every N`` (``None`` when 0).
+    """``hf_condinit.callbacks.ConditionNumberCallback`` for ``--log_condition_number_every N`` (``None`` when 0).
 
     The probe (``--condition_number_probe_size`` sequences × ``--condition_number_probe_length`` tokens) is built by
     the callback from the first examples of ``dataset`` (real tokens, distinct first tokens); κ goes through
@@ -326,7 +326,7 @@ def make_condition_number_callback(cond_args: CondInitArguments, dataset, traine
     """
     if not cond_args.log_condition_number_every:
         return None
-    from hf_condinit.diagnostics import ConditionNumberCallback
+    from hf_condinit.callbacks import ConditionNumberCallback
 
     callback = ConditionNumberCallback(
         dataset=dataset,

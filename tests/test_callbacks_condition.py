@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from hf_condinit.diagnostics import ConditionNumberCallback, build_probe
+from hf_condinit.callbacks import ConditionNumberCallback, build_probe
 
 
 def _tiny_gpt2():

@@ -12,8 +12,8 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
-from hf_condinit.glue import format_glue_table, glue_average, glue_task_score
-from hf_condinit.metrics import GLUE_METRIC_PATH, glue_metric_config_name, load_glue_metric
+from hf_condinit.glue import GLUE_METRIC_PATH, format_glue_table, glue_average, glue_metric_config_name, glue_task_score
+from hf_condinit.glue import load_glue_metric
 
 RNG = np.random.default_rng(0)
 N = 200
@@ -26,7 +26,7 @@ def _labels(n_classes=2):
 
 
 def test_metric_module_is_shipped_as_a_file():
-    assert os.path.isfile(os.path.join(GLUE_METRIC_PATH, "glue.py"))
+    assert os.path.isfile(GLUE_METRIC_PATH) and GLUE_METRIC_PATH.endswith(".py")
 
 
 def test_cola_matthews():

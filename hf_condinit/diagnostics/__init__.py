@@ -1,12 +1,11 @@
-"""Diagnostics: the attention-Jacobian condition number (METHODS.md §6) and its Trainer callback.
+"""Diagnostics: the attention-Jacobian condition number (METHODS.md §6).
 
 - :mod:`.jacobian`: pure tensor functions (closed-form J and G = J Jᵀ, κ, pseudo-condition numbers, the bound);
 - :mod:`.probes`: capture the real attention inputs of a model, and the model-level
   :func:`attention_jacobian_condition_number` returning a :class:`ConditionReport`;
-- :mod:`.callbacks`: :class:`ConditionNumberCallback`, logging κ during training.
+Its Trainer callback, :class:`hf_condinit.callbacks.ConditionNumberCallback`, logs κ during training.
 """
 
-from .callbacks import ConditionNumberCallback, build_probe
 from .jacobian import (
     HeadCondition,
     attention_head_gram,
@@ -27,7 +26,6 @@ from .probes import (
 )
 
 __all__ = [
-    "ConditionNumberCallback",
     "ConditionReport",
     "HeadCondition",
     "LayerCondition",
@@ -36,7 +34,6 @@ __all__ = [
     "attention_head_output",
     "attention_jacobian_condition_number",
     "attention_probabilities",
-    "build_probe",
     "capture_attention_inputs",
     "condition_bound",
     "head_condition_number",

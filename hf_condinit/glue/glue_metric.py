@@ -3,8 +3,8 @@
 Load it by path, never by name::
 
     import evaluate
-    from hf_condinit.metrics import GLUE_METRIC_PATH
-    metric = evaluate.load(GLUE_METRIC_PATH, "mrpc")      # or hf_condinit.metrics.load_glue_metric("mrpc")
+    from hf_condinit.glue import GLUE_METRIC_PATH
+    metric = evaluate.load(GLUE_METRIC_PATH, "mrpc")      # or hf_condinit.glue.load_glue_metric("mrpc")
     metric.compute(predictions=[1, 0, 1], references=[1, 1, 1])
 
 Metrics per configuration (Wang et al. 2018, and the metric table of METHODS.md §7):

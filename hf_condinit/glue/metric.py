@@ -1,7 +1,7 @@
-"""Offline ``evaluate`` metric modules shipped with hf_condinit.
+"""The GLUE metric, loaded offline from the ``evaluate`` module shipped in this package.
 
-``GLUE_METRIC_PATH`` is the directory of the GLUE metric module (``glue/glue.py``); ``evaluate.load`` accepts it
-directly. ``load_glue_metric(task)`` maps a task name (``"rte"``, ``"sst-2"``, ``"STS-B"``, ``"mnli-mm"``, ...) to the
+``GLUE_METRIC_PATH`` is the path of the GLUE ``evaluate`` module (``glue_metric.py`` beside this file);
+``evaluate.load`` accepts it directly. ``load_glue_metric(task)`` maps a task name (``"rte"``, ``"sst-2"``, ``"STS-B"``, ``"mnli-mm"``, ...) to the
 metric configuration and loads it offline.
 """
 
@@ -11,7 +11,7 @@ import os
 
 __all__ = ["GLUE_METRIC_PATH", "glue_metric_config_name", "load_glue_metric"]
 
-GLUE_METRIC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glue")
+GLUE_METRIC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glue_metric.py")
 
 _ALIASES = {
     "sst-2": "sst2",

@@ -41,7 +41,7 @@ from typing import Optional, Sequence
 import torch
 from transformers import TrainerCallback
 
-from .probes import _unwrap, attention_jacobian_condition_number, resolve_causal
+from ..diagnostics.probes import _unwrap, attention_jacobian_condition_number, resolve_causal
 
 __all__ = ["ConditionNumberCallback", "build_probe", "DEFAULT_PROBE_SIZE", "DEFAULT_PROBE_LENGTH",
            "DEFAULT_EVERY_N_STEPS"]

@@ -7,8 +7,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .api import apply_init
-from .config import resolve_condinit
+from ..api import apply_init
+from ..config import resolve_condinit
 
 __all__ = ["ConditionedInitCallback"]
 
