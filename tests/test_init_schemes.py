@@ -122,6 +122,13 @@ def test_mimetic_products_match_svd_targets(model_type, dtype):
         for h in range(0, g.n_heads, group):
             product = (q_heads[h].double() @ k_heads[h // group].double().T).numpy()
             np.testing.assert_allclose(product, _rank_truncation(qk[h].double().numpy(), g.head_dim), atol=tol)
+        for h in range(g.n_heads):  # GQA: every query head is the least-squares fit of its target to the shared W_K
+            w_k = k_heads[h // group].double()
+            w_q = q_heads[h].double()
+            expected = torch.linalg.lstsq(w_k, qk[h].double().T).solution.T  # min ‖W_K W_Qᵀ − T_hᵀ‖
+            torch.testing.assert_close(w_q, expected, rtol=0, atol=tol)
+            # so every head carries the β1·I term: trace(W_Q^h W_Kᵀ) ≈ β1·d + α1·tr(Z Π) > β1·d / 2
+            assert float(torch.trace(w_q @ w_k.T)) > cfg.mimetic_beta1 * g.head_dim / 2, h
         v_heads = projs["v"].heads(projs["v"].weight.detach())
         o_heads = projs["o"].heads(projs["o"].weight.detach())
         vo_product = sum(v_heads[h // group].double() @ o_heads[h].double() for h in range(g.n_heads)).numpy()
