@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .init.functional import block_identity
+
 __all__ = [
     "HOLDER_PREFIX",
     "AFFINE_INPUT_KWARG",
@@ -251,13 +253,9 @@ class SpectralHolder(CondInitHolder):
         for proj in self._projections:
             c_heads = proj.heads(C)
             if self.mode == "identity":
-                for h, view in enumerate(c_heads):
+                for h, view in enumerate(c_heads):  # the block identity of conditioned W_V (wraps modulo D)
                     D, d = view.shape
-                    start = h * d
-                    if start >= D:
-                        continue  # H·d > D: heads past the first D coordinates get no identity block
-                    k = min(d, D - start)
-                    view[start : start + k, :k] += self.lam * torch.eye(k, dtype=C.dtype, device=C.device)
+                    view += block_identity(D, d, row_offset=h * d, gain=self.lam).to(C.device)
             else:
                 w_heads = proj.heads(proj.weight.detach().to(device=C.device, dtype=torch.float32))
                 for w, view in zip(w_heads, c_heads):
