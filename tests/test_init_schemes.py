@@ -210,7 +210,13 @@ def test_concrete_class_from_config_and_user_config_not_mutated():
     [("orthogonalish", r"Unknown condinit method 'orthogonalish'; accepted: 'default', 'mimetic', 'conditioned'"),
      ({"method": "conditioned", "qk_scale": 2.0}, r"Unknown condinit option\(s\) \['qk_scale'\]. Accepted options"),
      ({"method": "conditioned", "value_init": "diag"}, r"value_init 'diag'; accepted: 'block', 'per_head'"),
-     (3.5, r"condinit must be True/False/None")],
+     (3.5, r"condinit must be True/False/None"),
+     ({"method": "conditioned", "qk_gain": float("nan")}, r"qk_gain must be a finite number, got nan"),
+     ({"method": "mimetic", "mimetic_beta1": float("inf")}, r"mimetic_beta1 must be a finite number, got inf"),
+     ({"method": "default", "spectral_lambda": float("nan")}, r"spectral_lambda must be a finite number"),
+     ({"method": "default", "affine_rho": float("nan")}, r"affine_rho must be a finite number"),
+     ({"method": "default", "precond_eps": float("-inf")}, r"precond_eps must be a finite number"),
+     ({"method": "conditioned", "v_gain": "2"}, r"v_gain must be a finite number, got '2'")],
 )
 def test_bad_condinit_values(value, pattern):
     with pytest.raises(ValueError, match=pattern):
