@@ -56,10 +56,9 @@ def __getattr__(name: str):
 
 def _register_plugins() -> None:
     """Install the construction hooks, the attention variants and the shipped model families (idempotent)."""
-    from . import attention, models
+    from . import models
 
-    hooks.install()
-    attention.register_all()
+    hooks.install()  # also registers the attention variants
     models.register()
 
 

@@ -11,6 +11,8 @@ resolved integer is what gets recorded, so the stored dict always reproduces the
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,10 @@ _MIMETIC_DISTS = ("uniform", "normal")
 _SPECTRAL_MODES = ("identity", "svd")
 _BIAS_LENGTHS = ("visible", "full")
 _PRECOND_SCALES = ("none", "sqrt_d")
+_NUMBERS = (
+    "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2", "mimetic_beta2", "spectral_lambda",
+    "affine_rho", "precond_eps",
+)
 
 
 def _package_version() -> str:
@@ -95,7 +101,9 @@ class CondInitConfig:
             raise ValueError(f"condinit option mimetic_vo_sign must be -1 or +1, got {self.mimetic_vo_sign!r}.")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"condinit option seed must be a non-negative int or None, got {self.seed!r}.")
-        for name in ("qk_gain", "v_gain"):
+        for name in _NUMBERS:
+            _check_finite_number(name, getattr(self, name), optional=name == "spectral_lambda")
+        for name in ("qk_gain", "v_gain", "precond_eps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"condinit option {name} must be > 0, got {getattr(self, name)!r}.")
         if not 0.0 <= self.affine_rho < 1.0:
@@ -117,6 +125,14 @@ class CondInitConfig:
                 f"Unknown condinit option(s) {unknown}. Accepted options: {sorted(known)} (see CondInitConfig)."
             )
         return cls(**options)
+
+
+def _check_finite_number(name: str, value: Any, optional: bool = False) -> None:
+    """A real, finite number (``None`` too when ``optional``): NaN or ±inf would silently poison the weights."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"condinit option {name} must be a finite number, got {value!r}.")
 
 
 def _check_choice(name: str, value: Any, accepted: tuple[str, ...]) -> None:

@@ -1,6 +1,9 @@
 """Reversible hooks on `PreTrainedModel` that make ``condinit=`` and the attention variants one flag away.
 
-`install` (run on ``import hf_condinit``) wraps four methods; `uninstall` restores them:
+`install` (run on ``import hf_condinit``) wraps five methods (four of `PreTrainedModel`, one of
+`PreTrainedConfig`) and registers the attention variants with HF's
+``AttentionInterface`` / ``AttentionMaskInterface`` (`hf_condinit.attention.register_all`); `uninstall` restores the
+methods and unregisters the variants:
 
 - ``_from_config`` (classmethod): works on a deep copy of the config (HF's own ``_from_config`` writes dtype and
   attention implementation into it; the caller's object stays unchanged for later models) and pops ``condinit=``
@@ -17,6 +20,13 @@
 - ``_check_and_adjust_attn_implementation``: when the user names no attention implementation and the config
   records ``condinit_attention`` (a checkpoint saved with a variant), that variant is used, so the holders'
   saved parameters are loaded instead of dropped.
+- ``PreTrainedConfig.from_dict`` (classmethod; where ``from_pretrained`` of a model, of an Auto class or of a config
+  applies its keyword arguments to the stored config): ``condinit=`` on a checkpoint whose config records a
+  recipe keeps the options
+  the checkpoint was trained with that change the forward pass (`FORWARD_OPTIONS`: spectral conditioning and the
+  attention variants' options), and refuses, with a ValueError naming the option, a ``condinit=`` that sets one of
+  them to another value or drops the recipe (``condinit=None/False``). Its other options (method, seed, ...) only
+  concern weights the checkpoint does not hold.
 """
 
 from __future__ import annotations
@@ -24,17 +34,27 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from . import api
-from .config import resolve_condinit
+from .config import CondInitConfig, resolve_condinit
 from .layouts import get_layout
 from .registry import ATTENTION_VARIANTS
 
-__all__ = ["install", "uninstall", "is_installed"]
+__all__ = ["install", "uninstall", "is_installed", "FORWARD_OPTIONS"]
 
 _ORIGINALS: dict[str, Any] = {}
-_HOOKED = ("_from_config", "post_init", "_initialize_weights", "_check_and_adjust_attn_implementation")
+_HOOKED = {
+    "_from_config": PreTrainedModel,
+    "post_init": PreTrainedModel,
+    "_initialize_weights": PreTrainedModel,
+    "_check_and_adjust_attn_implementation": PreTrainedModel,
+    "from_dict": PreTrainedConfig,
+}
+#: condinit options that change what a trained checkpoint computes: `from_pretrained` keeps the checkpoint's.
+FORWARD_OPTIONS = (
+    "spectral_lambda", "spectral_mode", "affine_rho", "affine_bias_length", "precond_eps", "precond_scale"
+)
 
 
 def is_installed() -> bool:
@@ -42,22 +62,25 @@ def is_installed() -> bool:
 
 
 def install() -> None:
-    """Wrap the `PreTrainedModel` methods (idempotent)."""
+    """Wrap the `PreTrainedModel` methods and register the attention variants (idempotent)."""
+    _variant_hook("register_all")()
     if _ORIGINALS:
         return
-    for name in _HOOKED:
-        _ORIGINALS[name] = PreTrainedModel.__dict__[name]
+    for name, owner in _HOOKED.items():
+        _ORIGINALS[name] = owner.__dict__[name]
     PreTrainedModel._from_config = classmethod(_from_config)
     PreTrainedModel.post_init = _post_init
     PreTrainedModel._initialize_weights = _initialize_weights
     PreTrainedModel._check_and_adjust_attn_implementation = _check_and_adjust_attn_implementation
+    PreTrainedConfig.from_dict = classmethod(_config_from_dict)
 
 
 def uninstall() -> None:
-    """Restore the original `PreTrainedModel` methods."""
+    """Restore the original methods and unregister the attention variants."""
     for name, original in _ORIGINALS.items():
-        setattr(PreTrainedModel, name, original)
+        setattr(_HOOKED[name], name, original)
     _ORIGINALS.clear()
+    _variant_hook("unregister_all")()
 
 
 def _original(name: str):
@@ -81,6 +104,37 @@ def _from_config(cls, config, **kwargs):
         api.apply_init(model, cfg)
         _variant_hook("after_zero3_init")(model, get_layout(model), model.config)
     return model
+
+
+def _config_from_dict(cls, config_dict, **kwargs):
+    stored = config_dict.get("condinit") if isinstance(config_dict, dict) else None
+    if "condinit" in kwargs and stored is not None:
+        kwargs["condinit"] = _keep_checkpoint_recipe(stored, kwargs["condinit"])
+    return _original("from_dict")(cls, config_dict, **kwargs)
+
+
+def _keep_checkpoint_recipe(stored: dict, requested) -> dict:
+    """``requested`` (any ``condinit=`` spelling) with the checkpoint's `FORWARD_OPTIONS`; ValueError on a conflict."""
+    recorded = {k: stored[k] for k in FORWARD_OPTIONS if k in stored}
+    resolved = resolve_condinit(requested)
+    if resolved is None:
+        if recorded.get("spectral_lambda") is not None:
+            raise ValueError(
+                f"condinit={requested!r} would drop the spectral conditioning this checkpoint was trained with "
+                f"(spectral_lambda={recorded['spectral_lambda']!r}). Leave condinit= out to keep it, or load and call "
+                "hf_condinit.attention.remove_spectral(model) to drop it on purpose."
+            )
+        return requested
+    explicit = requested if isinstance(requested, dict) else {}
+    for key, value in recorded.items():
+        if key in explicit and explicit[key] != value:
+            raise ValueError(
+                f"This checkpoint was trained with condinit option {key}={value!r}, but condinit= asks for "
+                f"{key}={explicit[key]!r}, which would change what the loaded model computes. Leave {key} out of "
+                "condinit= to keep the checkpoint's value (hf_condinit.apply_spectral_conditioning / remove_spectral "
+                "change spectral conditioning of a loaded model on purpose)."
+            )
+    return CondInitConfig.from_dict({**resolved.to_dict(), **recorded}).to_dict()
 
 
 def _post_init(self) -> None:

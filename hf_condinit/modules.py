@@ -8,7 +8,7 @@ attribute                    state                                              
 ===========================  ==========================================================  =========================
 ``condinit_affine``          parameter ``weight`` = W_a, shape **(H, D)** (``nn.Linear``   ``affine_scaled``
                              orientation: α = φ(F.linear(X, weight)), i.e. W_a of the
-                             paper is ``weight.T``); persistent buffer ``alpha_ma`` (H,)
+                             paper is ``weight.T``); persistent fp32 buffer ``alpha_ma`` (H,)
 ``condinit_sink``            parameter ``logit`` (H,)                                     ``attention_sink``
 ``condinit_spectral_<roles>``  persistent buffer ``C`` shaped like the projection's       spectral conditioning
                              ``weight`` (one holder per projection *module*: ``qkv`` for
@@ -29,8 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .init.functional import block_identity
+
 __all__ = [
     "HOLDER_PREFIX",
+    "AFFINE_INPUT_KWARG",
+    "in_backward_recompute",
     "CondInitHolder",
     "AffineScaledHolder",
     "AttentionSinkHolder",
@@ -72,20 +76,60 @@ class CondInitHolder(nn.Module):
         return bool(tensors) and all(_flagged(t) for t in tensors)
 
 
+AFFINE_INPUT_KWARG = "condinit_affine_input"
+"""Keyword under which the attention input X reaches the affine_scaled attention function (see `AffineScaledHolder`)."""
+
+_AFFINE_IMPLEMENTATIONS = ("affine_scaled", "affine_scaled_reference")
+
+
+def in_backward_recompute() -> bool:
+    """True while autograd runs a backward pass (e.g. the re-forward of gradient checkpointing).
+
+    Always False while ``torch.compile`` traces: the compiled graph runs the forward once (no Python re-forward).
+    """
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        return torch._C._current_graph_task_id() != -1
+    except AttributeError:  # pragma: no cover
+        return False
+
+
 class AffineScaledHolder(CondInitHolder):
     """State of Affine-Scaled Attention for one attention module (METHODS.md §5).
 
     Attributes:
         weight: W_a in ``nn.Linear`` orientation, shape (H, D); α(X) = clamp(0.1·X·weightᵀ + 0.5, 0, 1).
-        alpha_ma: (H,) persistent buffer, EMA of α over real tokens of training forward passes (starts at 0).
+        alpha_ma: (H,) persistent fp32 buffer, EMA of α over real tokens of training forward passes (starts at 0).
+            It stays fp32 whatever the model's dtype (``.to()``, ``.half()``, ``from_pretrained(dtype=...)``): a
+            bf16 EMA with ρ = 0.9 stalls (the increment is below bf16's resolution).
+        alpha_ma_used: (H,) non-persistent fp32 buffer, the α_ma the last training forward used (the
+            gradient-checkpointing re-forward reads it, so it recomputes exactly what the forward computed).
+
+    X reaches the attention function as the keyword argument ``AFFINE_INPUT_KWARG`` of the very call that needs it:
+    the forward pre-hook `pass_input` (registered on the attention module by `hf_condinit.attention.inject`) adds it
+    to the module's kwargs, which HF forwards to the attention function. Nothing of a forward is kept on the holder,
+    so one model can serve several threads, and a model switched to another implementation passes nothing.
     """
 
     def __init__(self, n_heads: int, hidden: int, *, device=None, dtype=None):
         super().__init__()
         self.n_heads, self.hidden = n_heads, hidden
         self.weight = nn.Parameter(torch.zeros(n_heads, hidden, device=device, dtype=dtype))
-        self.register_buffer("alpha_ma", torch.zeros(n_heads, device=device, dtype=dtype), persistent=True)
-        self._input: torch.Tensor | None = None
+        self.register_buffer("alpha_ma", torch.zeros(n_heads, device=device, dtype=torch.float32), persistent=True)
+        self.register_buffer("alpha_ma_used", torch.zeros(n_heads, device=device, dtype=torch.float32),
+                             persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """``Module._apply`` (``.to``, ``.half``, ``.cuda``, ...) that follows devices but keeps the EMA in fp32."""
+        before = {name: self._buffers[name] for name in ("alpha_ma", "alpha_ma_used")}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new is not None and new.dtype != torch.float32:
+                exact = old is not None and old.dtype == torch.float32 and not old.is_meta
+                self._buffers[name] = old.to(new.device) if exact else new.float()
+        return self
 
     def reset_condinit_parameters(self, force: bool = False) -> None:
         with torch.no_grad():
@@ -95,25 +139,32 @@ class AffineScaledHolder(CondInitHolder):
             else:
                 _init_fn("zeros_")(self.weight)
                 _init_fn("zeros_")(self.alpha_ma)
+            self.alpha_ma_used.zero_()
 
     # forward pre-hook of the attention module (registered by `inject`, with_kwargs=True)
-    def _capture_input(self, module: nn.Module, args: tuple, kwargs: dict):
+    def pass_input(self, module: nn.Module, args: tuple, kwargs: dict):
+        """Add the module's input X to its kwargs (under ``AFFINE_INPUT_KWARG``) when it runs affine_scaled."""
+        config = getattr(module, "config", None)
+        if config is not None and getattr(config, "_attn_implementation", None) not in _AFFINE_IMPLEMENTATIONS:
+            return None
         x = args[0] if args else kwargs.get("hidden_states")
         if x is None:
             raise RuntimeError(
                 f"affine_scaled: could not find the input hidden states of {type(module).__name__} "
                 "(expected the first positional argument or `hidden_states=`)."
             )
-        self._input = x
-        return None
+        return args, {**kwargs, AFFINE_INPUT_KWARG: x}
 
-    def pop_input(self) -> torch.Tensor:
-        x, self._input = self._input, None
+    @staticmethod
+    def input_from(kwargs: dict) -> torch.Tensor:
+        """Pop X from the attention function's kwargs (a clear error when the pre-hook did not add it)."""
+        x = kwargs.pop(AFFINE_INPUT_KWARG, None)
         if x is None:
             raise RuntimeError(
-                "affine_scaled: the attention input X was not captured. The forward pre-hook registered by "
-                "hf_condinit.attention.inject() is missing (model built before `import hf_condinit`, or hooks "
-                "removed); call hf_condinit.attention.inject(model) again."
+                "affine_scaled: the attention input X was not passed to the attention function. The forward "
+                "pre-hook registered by hf_condinit.attention.inject() is missing (model built before `import "
+                "hf_condinit`, or hooks removed), or the attention module does not forward **kwargs to its "
+                "attention function; call hf_condinit.attention.inject(model) again."
             )
         return x
 
@@ -121,6 +172,32 @@ class AffineScaledHolder(CondInitHolder):
         """α(X) of shape (..., N, H): linear clipping φ(z) = clamp(0.1·z + 0.5, 0, 1)."""
         z = F.linear(x.to(self.weight.dtype), self.weight)
         return torch.clamp(0.1 * z + 0.5, 0.0, 1.0)
+
+    def alpha_ma_for_forward(self, alpha: torch.Tensor, real: torch.Tensor | None, rho: float) -> torch.Tensor:
+        """The α_ma this forward uses, (H,) fp32 and detached; a training forward then updates α_ma.
+
+        METHODS.md §5 order: the output uses α_ma as it stood *before* this batch; then, in training forward passes
+        only (never in eval, never in the gradient-checkpointing re-forward), α_ma ← ρ·α_ma + (1 − ρ)·mean(α) over
+        the real tokens. ``alpha``: (B, Q, H); ``real``: (B or 1, Q) bool, None = every token is real.
+        """
+        if not self.training:
+            return self.alpha_ma.detach().clone()
+        if in_backward_recompute():
+            return self.alpha_ma_used.detach().clone()
+        with torch.no_grad():
+            self.alpha_ma_used.copy_(self.alpha_ma)
+            used = self.alpha_ma_used.clone()
+            a = alpha.detach().float()
+            if real is None:
+                weights = torch.ones(a.shape[:2], dtype=a.dtype, device=a.device)
+            else:
+                weights = real.to(a.dtype).expand(a.shape[0], a.shape[1])  # masks may broadcast over B
+            n = weights.sum()
+            batch_mean = (a * weights.unsqueeze(-1)).sum(dim=(0, 1)) / n.clamp(min=1.0)
+            # a batch without real tokens leaves α_ma unchanged (computed branch-free, for torch.compile)
+            new = torch.where(n > 0, rho * self.alpha_ma + (1.0 - rho) * batch_mean, self.alpha_ma)
+            self.alpha_ma.copy_(new)
+        return used
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, hidden={self.hidden}"
@@ -176,13 +253,9 @@ class SpectralHolder(CondInitHolder):
         for proj in self._projections:
             c_heads = proj.heads(C)
             if self.mode == "identity":
-                for h, view in enumerate(c_heads):
+                for h, view in enumerate(c_heads):  # the block identity of conditioned W_V (wraps modulo D)
                     D, d = view.shape
-                    start = h * d
-                    if start >= D:
-                        continue  # H·d > D: heads past the first D coordinates get no identity block
-                    k = min(d, D - start)
-                    view[start : start + k, :k] += self.lam * torch.eye(k, dtype=C.dtype, device=C.device)
+                    view += block_identity(D, d, row_offset=h * d, gain=self.lam).to(C.device)
             else:
                 w_heads = proj.heads(proj.weight.detach().to(device=C.device, dtype=torch.float32))
                 for w, view in zip(w_heads, c_heads):

@@ -145,3 +145,43 @@ def test_other_implementation_on_variant_checkpoint_fails_loudly(tmp_path):
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="affine_scaled"):
         AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+
+
+def test_from_pretrained_condinit_keeps_the_spectral_recipe_or_refuses(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        mini_config("gpt2"), condinit={"method": "conditioned", "seed": 0, "spectral_lambda": 10.0}
+    ).eval()
+    model.save_pretrained(tmp_path)
+    ids = _ids(model)
+    expected = model(ids).logits
+    kept = ({"method": "conditioned", "seed": 1}, "mimetic", True, {"method": "default", "spectral_lambda": 10.0})
+    for condinit in kept:
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path, condinit=condinit).eval()
+        assert loaded.config.condinit["spectral_lambda"] == 10.0, condinit
+        torch.testing.assert_close(loaded(ids).logits, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"trained with condinit option spectral_lambda=10.0.*spectral_lambda=1.0"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, condinit={"method": "default", "spectral_lambda": 1.0})
+    with pytest.raises(ValueError, match="spectral_mode"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, condinit={"method": "default", "spectral_mode": "svd"})
+    with pytest.raises(ValueError, match="would drop the spectral conditioning"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, condinit=None)
+
+
+def test_uninstall_unregisters_the_variants_and_install_registers_them_again():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from hf_condinit import hooks
+
+    variants = ("affine_scaled", "attention_sink", "preconditioned")
+    hooks.uninstall()  # the conftest fixture re-installs after the test
+    assert not any(v in AttentionInterface._global_mapping for v in variants)
+    assert not any(v in AttentionMaskInterface._global_mapping for v in variants)
+    with pytest.raises(ValueError):
+        AutoModelForCausalLM.from_config(mini_config("gpt2"), attn_implementation="affine_scaled")
+    hooks.install()
+    assert all(v in AttentionInterface._global_mapping for v in variants)
+    assert all(v in AttentionMaskInterface._global_mapping for v in variants)
+    model = AutoModelForCausalLM.from_config(mini_config("gpt2"), attn_implementation="affine_scaled")
+    assert model.config._attn_implementation == "affine_scaled"

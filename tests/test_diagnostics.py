@@ -209,11 +209,15 @@ def test_saturation_on_near_singular_probe():
     x = _rand(N, D, gen=g)
     X = torch.stack([x, x + 1e-9 * _rand(N, D, gen=g)])
     W = [_rand(D, d, scale=0.5, gen=g) for _ in range(3)]
-    hc = head_condition_number(X, *W, scaling=0.5, causal=True)
-    assert hc.saturated and hc.n_below_tol >= d and hc.n_structural == 0
-    assert hc.kappa < 1e7  # the resolvable part only
+    raw = head_condition_number(X, *W, scaling=0.5, causal=True, refine=False)
+    assert raw.saturated and raw.n_below_tol >= d and raw.n_structural == 0
+    assert raw.kappa < 1e7 and raw.kappa_is_lower_bound  # the resolvable part only, and said so
     svd = head_condition_number(X, *W, scaling=0.5, causal=True, method="svd")
-    assert svd.kappa > 1e7 and not svd.saturated
+    assert svd.kappa > 1e7 and not svd.saturated and not svd.kappa_is_lower_bound
+    assert raw.kappa <= svd.kappa  # an honest lower bound
+    hc = head_condition_number(X, *W, scaling=0.5, causal=True)  # default eig: refined with svd (small J)
+    assert hc.refined and hc.method == "svd" and not hc.kappa_is_lower_bound
+    assert hc.kappa == pytest.approx(svd.kappa, rel=1e-9)
     # the same probe without the near-duplicate is fine
     ok = head_condition_number(x, *W, scaling=0.5, causal=True)
     assert not ok.saturated and ok.n_below_tol == 0
@@ -392,3 +396,56 @@ def test_llama_gqa():
             assert lc.heads[h].kappa == pytest.approx(hc.kappa, rel=1e-12)
         # heads 0 and 1 share K/V but not Q: different κ
         assert lc.heads[0].kappa != pytest.approx(lc.heads[1].kappa, rel=1e-6)
+
+
+def _forward_weights(attn, D):
+    """The (D, d) q/k/v weights of a 1-head GPT-2 attention *as its forward uses them*: the autograd Jacobian of the
+    hooked c_attn (spectral C included) with respect to its input, minus nothing (the bias does not depend on x)."""
+    x0 = torch.zeros(1, 1, D)
+    jac = torch.autograd.functional.jacobian(lambda x: attn.c_attn(x), x0).reshape(3 * D, D)  # (out, in)
+    W = jac.T.to(F64)  # math orientation (D, 3D)
+    return W[:, :D], W[:, D : 2 * D], W[:, 2 * D :]
+
+
+@pytest.mark.parametrize("lam", [1.0, 10.0])
+def test_spectral_kappa_measures_the_forward_weights(lam):
+    """κ(J) of a spectral model equals an autograd Jacobian of the attention output w.r.t. the forward's weights."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    import hf_condinit  # noqa: F401
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=4, n_head=1, n_layer=1, vocab_size=16, n_positions=8, attn_pdrop=0.0,
+                        resid_pdrop=0.0, embd_pdrop=0.0)
+    model = AutoModelForCausalLM.from_config(config, condinit={"method": "default", "spectral_lambda": lam}).eval()
+    ids = torch.tensor([[1, 5, 9, 2, 7], [3, 8, 4, 11, 6]])
+    rep = attention_jacobian_condition_number(model, ids, method="svd")
+    X = capture_attention_inputs(model, ids)[0].to(F64)
+    attn = model.transformer.h[0].attn
+    Wq, Wk, Wv = _forward_weights(attn, 4)
+    bq, bk, bv = (t.detach().to(F64) for t in attn.c_attn.bias.split(4))
+    J = brute_force_jacobian(X, Wq, Wk, Wv, bq, bk, bv, 0.5, True, None)
+    sv = torch.linalg.svdvals(J)
+    kept = sv[sv > max(J.shape) * torch.finfo(F64).eps * sv[0]]
+    expected = float(kept[0] / kept[-1])
+    head = rep.layers[0].heads[0]
+    assert head.kappa == pytest.approx(expected, rel=1e-3)
+    # the default (eig) cannot resolve κ ~ 1e10 from G = J Jᵀ: it is refined with svd on a J this small
+    default = attention_jacobian_condition_number(model, ids).layers[0]
+    assert default.heads[0].refined and default.heads[0].kappa == pytest.approx(expected, rel=1e-3)
+    assert default.to_dict()["n_lower_bound"] == int(default.heads[0].kappa_is_lower_bound)
+
+
+def test_spectral_kappa_depends_on_lambda():
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    import hf_condinit  # noqa: F401
+
+    ids = torch.tensor([[1, 5, 9, 2, 7], [3, 8, 4, 11, 6]])
+    kappas = []
+    for lam in (1.0, 10.0):
+        torch.manual_seed(0)
+        config = GPT2Config(n_embd=4, n_head=1, n_layer=1, vocab_size=16, n_positions=8)
+        model = AutoModelForCausalLM.from_config(config, condinit={"method": "default", "spectral_lambda": lam})
+        kappas.append(attention_jacobian_condition_number(model, ids, method="svd").layers[0].heads[0].kappa)
+    assert kappas[0] != pytest.approx(kappas[1], rel=1e-2)

@@ -122,6 +122,13 @@ def test_mimetic_products_match_svd_targets(model_type, dtype):
         for h in range(0, g.n_heads, group):
             product = (q_heads[h].double() @ k_heads[h // group].double().T).numpy()
             np.testing.assert_allclose(product, _rank_truncation(qk[h].double().numpy(), g.head_dim), atol=tol)
+        for h in range(g.n_heads):  # GQA: every query head is the least-squares fit of its target to the shared W_K
+            w_k = k_heads[h // group].double()
+            w_q = q_heads[h].double()
+            expected = torch.linalg.lstsq(w_k, qk[h].double().T).solution.T  # min ‖W_K W_Qᵀ − T_hᵀ‖
+            torch.testing.assert_close(w_q, expected, rtol=0, atol=tol)
+            # so every head carries the β1·I term: trace(W_Q^h W_Kᵀ) ≈ β1·d + α1·tr(Z Π) > β1·d / 2
+            assert float(torch.trace(w_q @ w_k.T)) > cfg.mimetic_beta1 * g.head_dim / 2, h
         v_heads = projs["v"].heads(projs["v"].weight.detach())
         o_heads = projs["o"].heads(projs["o"].weight.detach())
         vo_product = sum(v_heads[h // group].double() @ o_heads[h].double() for h in range(g.n_heads)).numpy()
@@ -203,7 +210,13 @@ def test_concrete_class_from_config_and_user_config_not_mutated():
     [("orthogonalish", r"Unknown condinit method 'orthogonalish'; accepted: 'default', 'mimetic', 'conditioned'"),
      ({"method": "conditioned", "qk_scale": 2.0}, r"Unknown condinit option\(s\) \['qk_scale'\]. Accepted options"),
      ({"method": "conditioned", "value_init": "diag"}, r"value_init 'diag'; accepted: 'block', 'per_head'"),
-     (3.5, r"condinit must be True/False/None")],
+     (3.5, r"condinit must be True/False/None"),
+     ({"method": "conditioned", "qk_gain": float("nan")}, r"qk_gain must be a finite number, got nan"),
+     ({"method": "mimetic", "mimetic_beta1": float("inf")}, r"mimetic_beta1 must be a finite number, got inf"),
+     ({"method": "default", "spectral_lambda": float("nan")}, r"spectral_lambda must be a finite number"),
+     ({"method": "default", "affine_rho": float("nan")}, r"affine_rho must be a finite number"),
+     ({"method": "default", "precond_eps": float("-inf")}, r"precond_eps must be a finite number"),
+     ({"method": "conditioned", "v_gain": "2"}, r"v_gain must be a finite number, got '2'")],
 )
 def test_bad_condinit_values(value, pattern):
     with pytest.raises(ValueError, match=pattern):

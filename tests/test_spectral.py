@@ -162,3 +162,23 @@ def test_apply_twice_replaces_lambda_without_duplicate_hooks():
     hf_condinit.apply_spectral_conditioning(model, lam=1.0)
     assert len(model.transformer.h[0].attn.c_attn._forward_hooks) == 1
     torch.testing.assert_close(_out(model, ids), once)
+
+
+def test_spectral_E_is_the_conditioned_value_identity_when_heads_overflow_the_width():
+    """H·d > D: conditioned W_V wraps modulo D, and spectral E is the very same block identity (METHODS.md §1)."""
+    config = mini_config("llama", num_key_value_heads=4, head_dim=16)  # 4 heads × 16 = 64 > D = 32
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        config, condinit={"method": "conditioned", "seed": 0, "spectral_lambda": 2.0}
+    )
+    attn = model.model.layers[0].self_attn
+    D, d = 32, 16
+    for role, proj in (("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj)):
+        C = getattr(attn, f"condinit_spectral_{role}").C
+        for h in range(4):
+            block = C[h * d : (h + 1) * d].T  # nn.Linear stores (out, in): head h in math orientation (D, d)
+            expected = torch.zeros(D, d)
+            for i in range(d):
+                expected[(h * d + i) % D, i] = 2.0
+            assert torch.equal(block, expected), (role, h)
+    torch.testing.assert_close(attn.condinit_spectral_v.C / 2.0, attn.v_proj.weight, rtol=0, atol=0)

@@ -136,7 +136,7 @@ def _inject_affine(core: nn.Module, geometry, like) -> AffineScaledHolder:
         holder = AffineScaledHolder(geometry.n_heads, geometry.hidden, device=like.device, dtype=like.dtype)
         core.add_module("condinit_affine", holder)
     if not _has_pre_hook(core, holder):
-        core.register_forward_pre_hook(holder._capture_input, with_kwargs=True)
+        core.register_forward_pre_hook(holder.pass_input, with_kwargs=True)
     return holder
 
 

@@ -14,7 +14,6 @@ __all__ = [
     "condinit_options",
     "wants_attentions",
     "get_holder",
-    "in_backward_recompute",
 ]
 
 _DEFAULTS = {
@@ -85,11 +84,3 @@ def get_holder(module: nn.Module, name: str, variant: str) -> nn.Module:
             f"hf_condinit.attention.inject(model). Cross-attention modules that the layout skips are not supported."
         )
     return holder
-
-
-def in_backward_recompute() -> bool:
-    """True while autograd runs a backward pass (e.g. the re-forward of gradient checkpointing)."""
-    try:
-        return torch._C._current_graph_task_id() != -1
-    except AttributeError:  # pragma: no cover
-        return False

@@ -7,13 +7,16 @@ mean_visible is a prefix mean (causal, no mask: O(N·d) with a cumulative sum) o
 padding left or right, KV cache, packed sequences; one (Q×K)·(K×d) product with the 0/1 mask, no softmax). The fused
 SDPA kernel is kept; the N×N weights are materialised only when attention weights are requested.
 
-X is the attention module's input (the normalised hidden state feeding q/k/v), stashed on
-``module.condinit_affine`` by a forward pre-hook registered by `hf_condinit.attention.inject`; under gradient
-checkpointing the re-forward re-runs the hook, so the recomputed α is identical.
+X is the attention module's input (the normalised hidden state feeding q/k/v). It arrives as a keyword argument of
+this call (`hf_condinit.modules.AFFINE_INPUT_KWARG`, added by the forward pre-hook that
+`hf_condinit.attention.inject` registers), so nothing is stored between calls: one model can serve several threads,
+and under gradient checkpointing the re-forward re-runs the hook, so the recomputed α is identical.
 
-α_ma is updated *before* it is used, in training forward passes only (``module.training``), from real tokens (a query
-is real when it may attend to its own key position: padding rows are excluded), detached, never in the backward
-re-forward of gradient checkpointing, and never in eval. Dropout (training) applies to the softmax part only.
+The output uses α_ma as it stood *before* this batch; a training forward then updates α_ma from the batch's real
+tokens (a query is real when it may attend to its own key position: padding rows are excluded), detached, never in
+the backward re-forward of gradient checkpointing, and never in eval (`AffineScaledHolder.alpha_ma_for_forward`).
+Updating first would let every token of the batch change every output through the batch mean (METHODS.md §5).
+Dropout (training) applies to the softmax part only.
 """
 
 from __future__ import annotations
@@ -21,17 +24,10 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from ._common import (
-    condinit_options,
-    crop_for_causal,
-    effective_causal,
-    get_holder,
-    in_backward_recompute,
-    visible_from_mask,
-    wants_attentions,
-)
+from ._common import condinit_options, crop_for_causal, effective_causal, get_holder, visible_from_mask, wants_attentions
+from .reference import affine_scaled_reference
 
-__all__ = ["affine_scaled_attention_forward", "mean_visible", "update_alpha_ma"]
+__all__ = ["affine_scaled_attention_forward", "mean_visible"]
 
 
 def mean_visible(
@@ -65,29 +61,6 @@ def mean_visible(
     return sums / counts.clamp(min=1.0)
 
 
-def update_alpha_ma(holder, alpha: torch.Tensor, real: torch.Tensor | None, rho: float) -> None:
-    """EMA update of ``holder.alpha_ma`` from α (B, Q, H) over real tokens (B, Q) (None: all real).
-
-    Only in training forward passes, never inside a backward pass (gradient-checkpointing recompute).
-    """
-    if not holder.training or in_backward_recompute():
-        return
-    with torch.no_grad():
-        a = alpha.detach().float()
-        if real is None:
-            if a.shape[0] * a.shape[1] == 0:
-                return
-            batch_mean = a.mean(dim=(0, 1))
-        else:
-            w = real.to(a.dtype).expand(a.shape[0], a.shape[1]).unsqueeze(-1)  # (B, Q, 1); masks may broadcast B
-            n = w.sum()
-            if n == 0:
-                return
-            batch_mean = (a * w).sum(dim=(0, 1)) / n
-        new = rho * holder.alpha_ma.float() + (1.0 - rho) * batch_mean
-        holder.alpha_ma.copy_(new.to(holder.alpha_ma.dtype))
-
-
 def affine_scaled_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -105,14 +78,12 @@ def affine_scaled_attention_forward(
     when attention weights are requested (then the naive reference computes the output), else None.
     """
     if wants_attentions(kwargs):
-        from .reference import affine_scaled_reference
-
         return affine_scaled_reference(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
 
     holder = get_holder(module, "condinit_affine", "affine_scaled")
-    x = holder.pop_input()
+    x = holder.input_from(kwargs)
     opts = condinit_options(module)
     B, H, Q, _ = query.shape
     causal = effective_causal(module, query, attention_mask, is_causal)
@@ -124,15 +95,14 @@ def affine_scaled_attention_forward(
     )  # (B, Q, H, d)
 
     alpha = holder.alpha(x)  # (B, Q, H)
-    if holder.training:
-        real = None
-        if attention_mask is not None and Q <= key.shape[2]:
-            real = visible_from_mask(attention_mask)[:, 0].diagonal(offset=key.shape[2] - Q, dim1=-2, dim2=-1)
-        update_alpha_ma(holder, alpha, real, opts["affine_rho"])
+    real = None
+    if attention_mask is not None and Q <= key.shape[2]:
+        real = visible_from_mask(attention_mask)[:, 0].diagonal(offset=key.shape[2] - Q, dim1=-2, dim2=-1)
+    alpha_ma = holder.alpha_ma_for_forward(alpha, real, opts["affine_rho"])  # (H,) fp32, before this batch
 
     mean = mean_visible(value, attention_mask, causal, Q, opts["affine_bias_length"])  # (B, H_kv, Q, d) fp32
     mean = repeat_kv(mean, H // mean.shape[1]).transpose(1, 2)  # (B, Q, H, d)
     alpha = alpha.to(attn.dtype).unsqueeze(-1)  # (B, Q, H, 1)
-    alpha_ma = holder.alpha_ma.detach().clone().to(attn.dtype).view(1, 1, H, 1)
+    alpha_ma = alpha_ma.to(attn.dtype).view(1, 1, H, 1)
     out = alpha * attn + (alpha_ma - alpha) * mean.to(attn.dtype)
     return out, None

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ._common import effective_causal, get_holder, visible_from_mask
+from ._common import condinit_options, effective_causal, get_holder, visible_from_mask
 
 __all__ = [
     "visible_keys",
@@ -82,13 +82,11 @@ def affine_scaled_reference(
 ):
     """``out = [α(X)·softmax(QKᵀ/√d) + β(X)]·V`` with β = (α_ma − α)/N on the N visible keys only (METHODS.md §5).
 
-    Training forward passes first update α_ma (EMA over real tokens), then use it, exactly like the fast path.
+    The output uses α_ma as it stood before the batch; training forward passes then update it (EMA over real
+    tokens), exactly like the fast path. X arrives in ``kwargs`` (`hf_condinit.modules.AFFINE_INPUT_KWARG`).
     """
-    from .affine_scaled import update_alpha_ma
-    from ._common import condinit_options
-
     holder = get_holder(module, "condinit_affine", "affine_scaled")
-    x = holder.pop_input()
+    x = holder.input_from(kwargs)
     H = query.shape[1]
     logits, vis = _scores(module, query, key, attention_mask, scaling, is_causal)
     p = _softmax_masked(logits, vis)
@@ -98,8 +96,8 @@ def affine_scaled_reference(
     real = None  # a query is real when it may attend to its own position (padding rows excluded)
     if attention_mask is not None:
         real = vis[:, 0].diagonal(offset=key.shape[2] - query.shape[2], dim1=-2, dim2=-1)
-    update_alpha_ma(holder, alpha.squeeze(-1).transpose(1, 2), real, opts["affine_rho"])
-    alpha_ma = holder.alpha_ma.detach().float().view(1, H, 1, 1)
+    alpha_ma = holder.alpha_ma_for_forward(alpha.squeeze(-1).transpose(1, 2), real, opts["affine_rho"])
+    alpha_ma = alpha_ma.view(1, H, 1, 1)
     visf = vis.float().expand(p.shape)
     if opts["affine_bias_length"] == "full":
         n = torch.full_like(visf[..., :1], key.shape[2])
@@ -130,8 +128,6 @@ def preconditioned_reference(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
 ):
     """Softmax attention, then each token's per-head output divided by its (detached) L2 norm + ε (× √d option)."""
-    from ._common import condinit_options
-
     opts = condinit_options(module)
     logits, vis = _scores(module, query, key, attention_mask, scaling, is_causal)
     p = _softmax_masked(logits, vis)

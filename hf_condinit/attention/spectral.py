@@ -31,6 +31,7 @@ from ..modules import SpectralHolder
 __all__ = [
     "inject_spectral",
     "spectral_holders",
+    "forward_weight",
     "apply_spectral_conditioning",
     "merge_spectral",
     "remove_spectral",
@@ -73,6 +74,17 @@ def inject_spectral(block: nn.Module, core: nn.Module, layout, geometry, lam: fl
 
 def spectral_holders(model: nn.Module) -> list[tuple[str, SpectralHolder]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, SpectralHolder)]
+
+
+def forward_weight(core: nn.Module, projection: nn.Module) -> torch.Tensor:
+    """The weight the forward pass of ``projection`` uses: its ``weight`` plus the C of every spectral holder of
+    attention module ``core`` that hooks it (W + C; W alone without spectral conditioning). Detached, shaped and
+    stored like ``projection.weight``."""
+    w = projection.weight.detach()
+    for holder in core.children():
+        if isinstance(holder, SpectralHolder) and holder.projection_module is projection:
+            w = w + holder.C.to(w.dtype)
+    return w
 
 
 @contextlib.contextmanager

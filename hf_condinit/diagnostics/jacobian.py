@@ -36,7 +36,15 @@ Condition number: ``κ(J) = sqrt(λ_max / λ_min⁺)`` over the eigenvalues of G
 eigenvalue ``> rtol · λ_max`` (``method="eig"``, default ``rtol = 1e-12``, so κ values above ~1e6 cannot be
 resolved this way), or ``σ_max / σ_min⁺`` over the singular values of the explicit J (``method="svd"``, float64,
 default ``rtol`` on the λ = σ² scale ``(max(m, n)·eps)²``, i.e. the numpy ``matrix_rank`` tolerance on σ; it
-resolves κ up to ~1e12 but needs J in memory: small probes only).
+resolves κ up to ~1e12 but needs J in memory: small probes only). With ``method="eig"`` and ``refine=True`` (the
+default), a saturated result (below) is recomputed with ``method="svd"`` whenever J has at most
+``SVD_REFINE_MAX_ELEMENTS`` entries, so small probes get the resolvable value rather than an eig artefact.
+
+What a reported κ is (``HeadCondition.kappa_is_lower_bound``): when the result is not saturated, κ is the
+pseudo-condition number of J (to the accuracy of float64 eigen/singular values). When it is saturated, κ is the
+condition number of the resolvable part of J, which is a **lower bound** of the true one: every dropped eigenvalue
+is either a true zero (then κ is exact) or a true non-zero value below the tolerance, hence below every kept one
+(then the true κ is larger).
 
 Choice: ``saturated`` means *more eigenvalues fell under the tolerance than the a-priori rank deficit*
 ``n_structural = n_rows − min(n_rows, n_cols − n_null)`` of J, where ``n_null`` counts the parameter directions that
@@ -101,6 +109,7 @@ __all__ = [
 _F64 = torch.float64
 DEFAULT_EIG_RTOL = 1e-12
 _SVD_MAX_ELEMENTS = 100_000_000  # 800 MB of float64
+SVD_REFINE_MAX_ELEMENTS = 4_000_000  # 32 MB of float64: a saturated eig result is redone with svd up to this size
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -386,8 +395,11 @@ class HeadCondition:
         n_below_tol: eigenvalues of G (σ² of J) ``≤ rtol · λ_max``, excluded from κ.
         n_structural: a-priori rank deficit (shape and parameter symmetries; module docstring).
         saturated: ``n_below_tol > n_structural`` (κ is then a lower bound, or J is exactly rank-deficient).
+        kappa_is_lower_bound: True when ``kappa`` is only a lower bound of κ(J) (= ``saturated``; module
+            docstring), False when it is the resolved value.
         rtol: the relative tolerance used, on the λ = σ² scale.
-        method: ``"eig"`` or ``"svd"``.
+        method: ``"eig"`` or ``"svd"``: the method that produced ``kappa`` (``"svd"`` after a refinement).
+        refined: True when ``method="eig"`` was asked for, saturated, and recomputed with ``"svd"``.
         n_rows, n_cols: shape of J.
         kappa_px, kappa_p, kappa_x, kappa_lambda, kappa_wq, kappa_wk, kappa_wv: pseudo-condition numbers.
         bound: :func:`condition_bound` of those.
@@ -412,6 +424,8 @@ class HeadCondition:
     kappa_wk: float
     kappa_wv: float
     bound: float
+    kappa_is_lower_bound: bool = False
+    refined: bool = False
     spectrum: Optional[torch.Tensor] = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
@@ -442,7 +456,7 @@ def _parameter_null_dim(blk: _Blocks, b_q) -> int:
 def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, scaling, causal=False,
                           key_padding_mask=None, attn_mask=None, method: str = "eig", rtol: Optional[float] = None,
                           return_spectrum: bool = False, x_rtol: Optional[float] = None,
-                          device=None) -> HeadCondition:
+                          device=None, refine: bool = True) -> HeadCondition:
     """κ of the attention Jacobian of one head w.r.t. ``(W_Q, W_K, W_V)``, with the side quantities and bound.
 
     Args:
@@ -466,9 +480,11 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
             not a property of the model.
         device (`torch.device` or `str`, *optional*, defaults to CPU): where G is built and ``eigvalsh`` runs
             (float64; e.g. ``"cuda"``: the (T·d)² eigenproblem dominates the cost). Everything else runs on CPU.
+        refine (`bool`, *optional*, defaults to `True`): with ``method="eig"``, recompute a saturated result with
+            ``method="svd"`` when J has at most ``SVD_REFINE_MAX_ELEMENTS`` entries.
 
     Returns:
-        :class:`HeadCondition`.
+        :class:`HeadCondition` (``kappa_is_lower_bound`` says whether ``kappa`` is resolved or a lower bound).
     """
     if method not in ("eig", "svd"):
         raise ValueError(f"method must be 'eig' or 'svd', got {method!r}")
@@ -502,6 +518,12 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
     else:
         lam_min, kappa, n_below = 0.0, float("nan"), int(lam.numel())
     n_structural = n_rows - min(n_rows, n_cols - _parameter_null_dim(blk, b_q))
+    if method == "eig" and refine and n_below > n_structural and n_rows * n_cols <= SVD_REFINE_MAX_ELEMENTS:
+        result = head_condition_number(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling=scaling, causal=causal,
+                                       key_padding_mask=key_padding_mask, attn_mask=attn_mask, method="svd",
+                                       return_spectrum=return_spectrum, x_rtol=x_rtol)
+        result.refined = True
+        return result
 
     # side quantities, all on the valid tokens
     prep = blk.prep
@@ -520,5 +542,6 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
         kappa=kappa, lambda_max=lam_max, lambda_min=lam_min, n_below_tol=n_below, n_structural=n_structural,
         saturated=n_below > n_structural, rtol=float(rtol), method=method, n_rows=n_rows, n_cols=n_cols,
         kappa_px=kappa_px, kappa_p=kappa_p, kappa_x=kappa_x, kappa_lambda=kappa_lambda, kappa_wq=kappa_wq,
-        kappa_wk=kappa_wk, kappa_wv=kappa_wv, bound=bound, spectrum=lam if return_spectrum else None,
+        kappa_wk=kappa_wk, kappa_wv=kappa_wv, bound=bound, kappa_is_lower_bound=n_below > n_structural,
+        spectrum=lam if return_spectrum else None,
     )

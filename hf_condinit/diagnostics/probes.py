@@ -3,8 +3,11 @@
 Paper: Saratchandran & Lucey, "Conditioned Initialization for Attention" (Figures 1 and 3); METHODS.md §6.
 For each layer and head, X is the real normalised input of the attention (the ``hidden_states`` argument of the
 layout's attention block: ``ln_1`` output in GPT-2, ``input_layernorm`` output in Llama, the layer input in
-post-LN BERT), the weights are the head's ``(W_Q, W_K, W_V)`` views of :mod:`hf_condinit.layouts`, and κ(J) comes
-from :func:`hf_condinit.diagnostics.jacobian.head_condition_number`.
+post-LN BERT), the weights are the head's ``(W_Q, W_K, W_V)`` views of :mod:`hf_condinit.layouts` of the weights
+the forward pass uses (W + C under spectral conditioning, `hf_condinit.attention.spectral.forward_weight`), and κ(J)
+comes from :func:`hf_condinit.diagnostics.jacobian.head_condition_number`. For ``affine_scaled``, ``attention_sink``
+and ``preconditioned`` κ is that of the plain softmax head inside the variant (its q/k/v weights are the forward's;
+the variant's output transform is not modelled).
 
 Choice: rotary position embeddings (Llama, NeoX) are **not** applied: the diagnostic measures the Jacobian of the
 content attention ``softmax(s · (X W_Q + b_Q)(X W_K + b_K)ᵀ + mask)(X W_V + b_V)``, the object of the papers'
@@ -40,6 +43,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from ..attention.spectral import forward_weight
 from .jacobian import HeadCondition, head_condition_number
 
 __all__ = [
@@ -202,12 +206,17 @@ class LayerCondition:
     def n_saturated(self) -> int:
         return sum(h.saturated for h in self.heads)
 
+    @property
+    def n_lower_bound(self) -> int:
+        """Heads whose κ is only a lower bound (saturated even after the svd refinement)."""
+        return sum(h.kappa_is_lower_bound for h in self.heads)
+
     def to_dict(self) -> dict:
         out = {
             "layer": self.layer, "name": self.name, "causal": self.causal, "scaling": self.scaling,
             "mean": self.mean, "max": self.max, "bound": self.mean_of("bound"),
             "kappa_px": self.mean_of("kappa_px"), "kappa_p": self.mean_of("kappa_p"),
-            "n_saturated": self.n_saturated,
+            "n_saturated": self.n_saturated, "n_lower_bound": self.n_lower_bound,
             "heads": [{"head": h, **hc.to_dict()} for h, hc in zip(self.head_ids, self.heads)],
         }
         if self.unmasked is not None:
@@ -234,7 +243,8 @@ class ConditionReport:
         """Flat float metrics for ``trainer.log`` / ``report_to``.
 
         Keys, per measured layer ``i``: ``{prefix}/layer_{i}/mean`` and ``/max`` (κ over heads), ``/bound`` (mean over
-        heads of the surrogate bound), ``/kappa_px`` and ``/kappa_p`` (means over heads), ``/n_saturated``; with
+        heads of the surrogate bound), ``/kappa_px`` and ``/kappa_p`` (means over heads), ``/n_saturated``,
+        ``/n_lower_bound`` (heads whose κ is only a lower bound: the mean and max then are lower bounds too); with
         ``include_unmasked``: ``/unmasked_mean`` and ``/unmasked_max``. Overall: ``{prefix}/mean`` (mean of the layer
         means), ``{prefix}/max`` (max over all heads) and ``{prefix}/seconds`` (cost of the measurement).
         """
@@ -242,7 +252,8 @@ class ConditionReport:
         for lc in self.layers:
             d = lc.to_dict()
             base = f"{prefix}/layer_{lc.layer}"
-            for key in ("mean", "max", "bound", "kappa_px", "kappa_p", "n_saturated", "unmasked_mean", "unmasked_max"):
+            for key in ("mean", "max", "bound", "kappa_px", "kappa_p", "n_saturated", "n_lower_bound", "unmasked_mean",
+                        "unmasked_max"):
                 if key in d:
                     out[f"{base}/{key}"] = float(d[key])
         means = [lc.mean for lc in self.layers if not math.isnan(lc.mean)]
@@ -335,10 +346,11 @@ def attention_jacobian_condition_number(
                 continue
             group = g.n_heads // g.n_kv_heads
             head_ids = _select(g.n_heads, heads, "head")
-            w = {r: [_f64cpu(t) for t in projs[r].heads(projs[r].weight)] for r in ("q", "k", "v")}
+            core = layout.core_module(block)
+            w = {r: [_f64cpu(t) for t in projs[r].heads(forward_weight(core, projs[r].module))]
+                 for r in ("q", "k", "v")}
             b = {r: ([_f64cpu(t) for t in projs[r].bias_heads(projs[r].bias)] if projs[r].bias is not None else None)
                  for r in ("q", "k", "v")}
-        core = layout.core_module(block)
         scaling = float(getattr(core, "scaling", getattr(block, "scaling", g.head_dim ** -0.5)))
         is_causal = resolve_causal(model, block, layout) if causal is None else bool(causal)
         per_head = []

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-__all__ = ["semi_orthogonal_", "rect_identity_", "mimetic_factors", "mimetic_target"]
+__all__ = ["semi_orthogonal_", "block_identity", "rect_identity_", "mimetic_factors", "mimetic_target"]
 
 
 def semi_orthogonal_(view: torch.Tensor, generator: torch.Generator, gain: float = 1.0) -> torch.Tensor:
@@ -27,13 +27,22 @@ def semi_orthogonal_(view: torch.Tensor, generator: torch.Generator, gain: float
     return view
 
 
-def rect_identity_(view: torch.Tensor, row_offset: int = 0, gain: float = 1.0) -> torch.Tensor:
-    """Fill a (D, d) view with the rectangular identity whose column i has ``gain`` at row ``(row_offset + i) % D``."""
-    rows, cols = view.shape
+def block_identity(rows: int, cols: int, row_offset: int = 0, gain: float = 1.0) -> torch.Tensor:
+    """The (D, d) block of the block identity E of METHODS.md §1, fp32: column i has ``gain`` at row
+    ``(row_offset + i) % D``, zeros elsewhere.
+
+    Head j of a block-identity value projection (and of spectral conditioning's E) uses ``row_offset = j·d``: head j
+    reads coordinates [j·d, (j+1)·d) of X, wrapping modulo D when H·d > D. The one definition of E in the package.
+    """
     eye = torch.zeros(rows, cols, dtype=torch.float32)
     eye[(row_offset + torch.arange(cols)) % rows, torch.arange(cols)] = gain
+    return eye
+
+
+def rect_identity_(view: torch.Tensor, row_offset: int = 0, gain: float = 1.0) -> torch.Tensor:
+    """Fill a (D, d) view with `block_identity` (column i has ``gain`` at row ``(row_offset + i) % D``)."""
     with torch.no_grad():
-        view.copy_(eye)
+        view.copy_(block_identity(*view.shape, row_offset=row_offset, gain=gain))
     return view
 
 

@@ -54,8 +54,10 @@ def mimetic_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitC
     """Mimetic init (Trockman & Kolter 2023; METHODS.md §2).
 
     Per query head h: A = α1·Z + β1·I = L R (`mimetic_factors`), W_Q^h = L[:, :d], W_K^h = Rᵀ[:, :d], so
-    W_Q^h W_K^hᵀ is A's best rank-d approximation. Under GQA a KV head's K comes from the first query head of its
-    group. Per layer: A2 = α2·Z + sign·β2·I = L R, KV head j: W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h),
+    W_Q^h W_K^hᵀ is A's best rank-d approximation. Under GQA a KV head's W_K comes from the first query head of its
+    group as above, and every other query head h of the group gets the least-squares
+    W_Q^h = T_h W_K (W_Kᵀ W_K)⁻¹ for its own target T_h, so every head carries its β1·I term as far as the shared
+    W_K allows (for the first head that formula gives L[:, :d] again). Per layer: A2 = α2·Z + sign·β2·I = L R, KV head j: W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h),
     group size G) gets W_O^h = R[g·d:(g+1)·d] / G, so the expanded W_V W_O equals A2's best rank-(H_kv·d)
     approximation (exactly A2 when H·d = D). Draw order: Z for each query head, then the VO Z. Biases untouched.
     Needs all four roles; a block whose Q/K or V/O pair is partly loaded keeps the loaded pair and the other is
@@ -73,11 +75,16 @@ def mimetic_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitC
     if "q" in projs and "k" in projs:
         q_views, k_views = projs["q"].heads(projs["q"].weight), projs["k"].heads(projs["k"].weight)
         for h, target in enumerate(qk_targets):
-            left, right = mimetic_factors(target)
+            if h % group == 0:  # the group's first head: its target's factors give W_K (and its own W_Q)
+                left, right = mimetic_factors(target)
+                w_k = right[:d].t()
+                w_q = left[:, :d]
+            else:  # least squares against the shared W_K: min ‖W_Q W_Kᵀ − T_h‖_F
+                w_q = torch.linalg.solve(w_k.t() @ w_k, w_k.t() @ target.t()).t()
             with torch.no_grad():
-                q_views[h].copy_(left[:, :d])
+                q_views[h].copy_(w_q)
                 if h % group == 0:
-                    k_views[h // group].copy_(right[:d].t())
+                    k_views[h // group].copy_(w_k)
         written += ["q", "k"]
     if "v" in projs and "o" in projs:
         left, right = mimetic_factors(vo_target)
