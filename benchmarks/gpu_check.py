@@ -325,7 +325,7 @@ def _build_family(torch, family: str, impl: str, dtype, device, tiny: bool = Fal
     from transformers import AutoConfig
 
     cls_name, kwargs = FAMILIES[family]
-    if tiny:  # shape does not matter where only the placement of tensors is checked
+    if tiny:  # smoke runs, and checks of where tensors are placed: the shape does not matter
         kwargs = {**kwargs, **TINY.get(family, {})}
     cls = getattr(transformers, cls_name)
     config = AutoConfig.for_model(family, **kwargs)
@@ -445,7 +445,7 @@ def part_b(ctx: dict, record) -> None:
             for dtype_name in dtypes_for("train"):
                 for padded in paddings:
                     def run(family=family, variant=variant, dtype_name=dtype_name, padded=padded):
-                        model = _build_family(torch, family, variant, torch.float32, device)
+                        model = _build_family(torch, family, variant, torch.float32, device, tiny=smoke)
                         _randomise_holders(torch, model)
                         low = in_dtype(model, dtype_name) if dtype_name != "fp32" else None
                         start = copy.deepcopy(model.state_dict())
@@ -474,7 +474,7 @@ def part_b(ctx: dict, record) -> None:
         for variant in VARIANTS:
             for dtype_name in dtypes_for("kv"):
                 def run(family=family, variant=variant, dtype_name=dtype_name):
-                    model = _build_family(torch, family, variant, torch.float32, device).eval()
+                    model = _build_family(torch, family, variant, torch.float32, device, tiny=smoke).eval()
                     _randomise_holders(torch, model)
                     ids, _ = _inputs(torch, model, False, device)
                     mask = torch.ones_like(ids)
@@ -498,8 +498,8 @@ def part_b(ctx: dict, record) -> None:
         for mode in spectral_modes:
             for dtype_name in dtypes_for("spectral"):
                 def run(family=family, mode=mode, dtype_name=dtype_name):
-                    model = _build_family(torch, family, "sdpa", torch.float32, device, spectral_lambda=10.0,
-                                          spectral_mode=mode).eval()
+                    model = _build_family(torch, family, "sdpa", torch.float32, device, tiny=smoke,
+                                          spectral_lambda=10.0, spectral_mode=mode).eval()
                     ids, mask = _inputs(torch, model, True, device)
                     low = in_dtype(model, dtype_name)
                     with torch.no_grad():
@@ -517,8 +517,8 @@ def part_b(ctx: dict, record) -> None:
             for dtype_name in dtypes_for("init"):
                 def run(family=family, method=method, dtype_name=dtype_name):
                     dt = _dtype(torch, dtype_name)
-                    on_dev = _build_family(torch, family, "sdpa", dt, device, method=method, seed=0)
-                    on_cpu = _build_family(torch, family, "sdpa", torch.float32, torch.device("cpu"),
+                    on_dev = _build_family(torch, family, "sdpa", dt, device, tiny=smoke, method=method, seed=0)
+                    on_cpu = _build_family(torch, family, "sdpa", torch.float32, torch.device("cpu"), tiny=smoke,
                                            method=method, seed=0)
                     layout = get_layout(on_dev)
                     worst, ortho = 0.0, 0.0
