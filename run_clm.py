@@ -65,6 +65,7 @@ from hf_condinit.scripts_common import (
     flags_given,
     log_deepspeed,
     make_condition_number_callback,
+    make_throughput_callback,
     parse_args_with_defaults,
     parse_config_overrides,
     select_splits,
@@ -384,6 +385,7 @@ def main(argv=None):
         preprocess_logits_for_metrics=preprocess,
     )
     log_deepspeed(trainer, training_args, logger)
+    make_throughput_callback(cond_args, trainer)
     if cond_args.log_condition_number_every:
         source = eval_dataset if eval_dataset is not None else train_dataset
         cond_args.condition_number_probe_length = min(cond_args.condition_number_probe_length, block_size)

@@ -56,6 +56,7 @@ from hf_condinit.scripts_common import (
     CondInitTrainer,
     find_last_checkpoint,
     log_deepspeed,
+    make_throughput_callback,
     parse_and_set_up,
     parse_config_overrides,
     train_and_save,
@@ -333,6 +334,7 @@ def run_task(
     )
 
     log_deepspeed(trainer, training_args, logger)
+    make_throughput_callback(cond_args, trainer)
     if training_args.do_train:
         last_checkpoint = find_last_checkpoint(training_args, logger)
         train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint)

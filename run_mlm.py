@@ -56,6 +56,7 @@ from hf_condinit.scripts_common import (
     evaluate_with_perplexity,
     find_last_checkpoint,
     log_deepspeed,
+    make_throughput_callback,
     parse_and_set_up,
     parse_config_overrides,
     select_splits,
@@ -288,6 +289,7 @@ def main(argv: list[str] | None = None):
     )
 
     log_deepspeed(trainer, training_args, logger)
+    make_throughput_callback(cond_args, trainer)
     if training_args.do_train:
         train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint)
     if training_args.do_eval:

@@ -20,6 +20,8 @@ needs, while wall time mostly measures the scheduler; use ``--clock wall --threa
 
     python benchmarks/attention_speed.py                      # table
     python benchmarks/attention_speed.py --json results.json  # also write the rows as JSON
+    python benchmarks/attention_speed.py --device cuda --dtype bf16 --threads 0 --layers 1 --hidden 1280 \
+        --heads 20 --seqs 1024 4096 8192 --tokens 8192      # one 472M-shaped layer on a GPU
 """
 
 from __future__ import annotations
@@ -51,12 +53,19 @@ def build(impl: str, seq: int, args):
         attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
     )
     build_impl = {"affine_scaled_reference": "affine_scaled", "spectral": "sdpa"}.get(impl, impl)
-    model = GPT2Model._from_config(config, attn_implementation=build_impl).to(args.device).train()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    with torch.device(args.device):
+        model = GPT2Model._from_config(config, attn_implementation=build_impl, dtype=dtype).train()
     if impl == "spectral":
         hf_condinit.apply_spectral_conditioning(model, lam=10.0)
     if impl == "affine_scaled_reference":
         model.config._attn_implementation = impl
     return model
+
+
+def batch_for(seq: int, args) -> int:
+    """``--batch``, or with ``--tokens T`` the batch that gives about T tokens per step at this length (≥ 1)."""
+    return max(1, args.tokens // seq) if args.tokens else args.batch
 
 
 def measure(args) -> list[dict]:
@@ -75,8 +84,9 @@ def measure(args) -> list[dict]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for seq in args.seqs:
+        batch = batch_for(seq, args)
         models = {impl: build(impl, seq, args) for impl in args.impls}
-        ids = torch.randint(0, 1024, (args.batch, seq), device=device)
+        ids = torch.randint(0, 1024, (batch, seq), device=device)
 
         def step(model):
             out = model(input_ids=ids).last_hidden_state
@@ -97,10 +107,10 @@ def measure(args) -> list[dict]:
         for impl, model in models.items():
             gc.collect()
             if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
                 step(model)
-                peak = torch.cuda.max_memory_allocated() - base
+                peak = torch.cuda.max_memory_allocated(device) - base
             else:
                 base = status_kib("VmRSS")
                 if not reset_peak_rss():
@@ -109,8 +119,8 @@ def measure(args) -> list[dict]:
                 peak = (status_kib("VmHWM") - base) * 1024
             wall, cpu = statistics.median(times[impl]), statistics.median(cpu_times[impl])
             t = cpu if args.clock == "cpu" else wall
-            rows.append({"impl": impl, "seq": seq, "batch": args.batch, "clock": args.clock, "seconds": t,
-                         "wall_seconds": wall, "cpu_seconds": cpu, "tokens_per_s": args.batch * seq / t,
+            rows.append({"impl": impl, "seq": seq, "batch": batch, "clock": args.clock, "seconds": t,
+                         "wall_seconds": wall, "cpu_seconds": cpu, "tokens_per_s": batch * seq / t,
                          "peak_mem_bytes": int(peak), "wall_times": times[impl], "cpu_times": cpu_times[impl]})
             print(f"  done {impl:>24s} seq={seq:5d} wall {wall:.3f}s cpu {cpu:.3f}s", file=sys.stderr,
                   flush=True)
@@ -126,13 +136,22 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--tokens", type=int, default=0, help="tokens per step: batch = max(1, tokens // seq) (0: --batch)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="model dtype (bf16 on GPUs)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch default)")
-    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="time base of throughput and ratios")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--clock", choices=("cpu", "wall"), default=None,
+                   help="time base of throughput and ratios (default: cpu on --device cpu, wall elsewhere)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--json", metavar="PATH", help="write the rows (and the settings) as JSON")
     args = p.parse_args()
+    args.clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            p.exit(2, f"attention_speed.py: --device {args.device} but torch sees no CUDA device; use --device cpu\n")
 
     if args.device == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -150,7 +169,8 @@ def main() -> None:
 
     header = (f"{'seq':>5s} {'impl':>24s} {'cpu s':>7s} {'wall s':>7s} {'tok/s':>8s} {'x sdpa':>7s} {'peak MiB':>9s} "
               f"{'mem x sdpa':>10s}")
-    print(f"GPT-2 stack: {args.layers} layers, hidden {args.hidden}, {args.heads} heads, batch {args.batch}, "
+    batches = "batch " + ", ".join(f"{batch_for(s, args)} at {s}" for s in args.seqs)
+    print(f"GPT-2 stack: {args.layers} layers, hidden {args.hidden}, {args.heads} heads, {batches}, {args.dtype}, "
           f"forward+backward, {args.device}, {args.threads or 'default'} thread(s), median of {args.reps} interleaved "
           f"steps, throughput from {args.clock} time")
     print(header)

@@ -23,6 +23,10 @@ Three parts (``--parts train kappa init``):
 
     python benchmarks/throughput.py                       # all parts, JSON + Markdown into benchmarks/results/throughput
     python benchmarks/throughput.py --parts train kappa   # skip the big models
+    python benchmarks/throughput.py --parts train --device cuda   # train part on a GPU (+ CUDA peak memory per arm)
+
+``--device`` applies to the train part (κ runs on CPU, as the callback does by default; the init part is the CPU
+cost, RSS-based: benchmarks/gpu_check.py part e measures it on a GPU).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def part_train(args) -> dict:
 
     import hf_condinit  # noqa: F401
 
+    device = torch.device(args.device)
     cfg = C.gpt2_config(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_positions=args.block_size,
                         vocab_size=args.vocab_size)
     names = ["vanilla"] + list(C.ARMS)
@@ -67,11 +72,12 @@ def part_train(args) -> dict:
             m = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
         else:
             m = C.build_model(name, cfg, 0)
-        m.train()
+        m.to(device).train()
         models[name] = m
         opts[name] = torch.optim.AdamW(C.param_groups(m, 0.1), lr=1e-4, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, args.vocab_size, (args.batch_size, args.block_size), generator=g)
+    x = torch.randint(0, args.vocab_size, (args.batch_size, args.block_size), generator=g).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step(name):
         m, o = models[name], opts[name]
@@ -89,11 +95,21 @@ def part_train(args) -> dict:
     for r in range(args.rounds):
         for n in (names if r % 2 == 0 else names[::-1]):
             for _ in range(args.steps):
+                sync()
                 t0, c0 = time.perf_counter(), time.process_time()
                 step(n)
+                sync()
                 wall[n].append(time.perf_counter() - t0)
                 cpu[n].append(time.process_time() - c0)
         print(f"  train round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    peak = {}
+    if device.type == "cuda":  # allocator peak of one step per arm, over what is allocated before it
+        for n in names:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            step(n)
+            peak[n] = torch.cuda.max_memory_allocated(device) - base
     tokens = args.batch_size * args.block_size
     rows = []
     vw, vc = statistics.median(wall["vanilla"]), statistics.median(cpu["vanilla"])
@@ -101,9 +117,10 @@ def part_train(args) -> dict:
         w, c = statistics.median(wall[n]), statistics.median(cpu[n])
         rows.append(dict(arm=n, step_wall_s=w, step_cpu_s=c, tokens_per_s=tokens / w, tokens_per_cpu_s=tokens / c,
                          ratio_wall=vw / w, ratio_cpu=vc / c, n_steps=len(wall[n]),
-                         n_params=sum(p.numel() for p in models[n].parameters())))
+                         n_params=sum(p.numel() for p in models[n].parameters()),
+                         **({"step_peak_mem_bytes": int(peak[n])} if n in peak else {})))
     return dict(model=dict(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, block_size=args.block_size,
-                           batch_size=args.batch_size, vocab_size=args.vocab_size),
+                           batch_size=args.batch_size, vocab_size=args.vocab_size), device=str(device),
                 tokens_per_step=tokens, rows=rows)
 
 
@@ -303,14 +320,17 @@ def markdown(res: dict) -> str:
         t = res["train"]
         mm = t["model"]
         L.append(f"Training throughput: GPT-2 {mm['n_layer']}×{mm['n_embd']}, {mm['n_head']} heads, batch "
-                 f"{mm['batch_size']} × {mm['block_size']} tokens, vocab {mm['vocab_size']}, fp32; median of "
+                 f"{mm['batch_size']} × {mm['block_size']} tokens, vocab {mm['vocab_size']}, fp32, {t.get('device', 'cpu')}; median of "
                  f"{t['rows'][0]['n_steps']} steps per arm (interleaved rounds). Ratio = vanilla step time / arm "
                  "step time (1.00 = as fast as vanilla HF sdpa).\n")
-        L.append("| arm | tokens/s (wall) | ratio (wall) | tokens/CPU-s | ratio (CPU) | parameters |")
-        L.append("|---|---|---|---|---|---|")
+        mem = "step_peak_mem_bytes" in t["rows"][0]
+        L.append("| arm | tokens/s (wall) | ratio (wall) | tokens/CPU-s | ratio (CPU) | parameters |"
+                 + (" step peak MiB (CUDA allocator) |" if mem else ""))
+        L.append("|---|---|---|---|---|---|" + ("---|" if mem else ""))
         for r in t["rows"]:
             L.append(f"| {r['arm']} | {r['tokens_per_s']:.0f} | {r['ratio_wall']:.3f} | {r['tokens_per_cpu_s']:.0f} |"
-                     f" {r['ratio_cpu']:.3f} | {r['n_params']:,} |")
+                     f" {r['ratio_cpu']:.3f} | {r['n_params']:,} |"
+                     + (f" {r['step_peak_mem_bytes'] / 2**20:.0f} |" if mem else ""))
         L.append("")
     if "kappa" in res:
         L.append("κ(J) logging cost (vanilla model above; one measurement = all layers and heads, method eig):\n")
@@ -368,12 +388,17 @@ def parse_args(argv=None):
     p.add_argument("--init-dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--mimetic-layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="device of the train part (cpu, cuda, ...); CUDA adds the "
+                   "allocator's peak memory of one step per arm")
     p.add_argument("--_init-worker", nargs=4, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.device.startswith("cuda") and not __import__("torch").cuda.is_available():
+        print(f"throughput.py: --device {args.device} but torch sees no CUDA device; use --device cpu", file=sys.stderr)
+        raise SystemExit(2)
     C.set_threads(args.threads)
     if args._init_worker:
         size, mode, dt, ml = args._init_worker

@@ -26,6 +26,7 @@ _LAZY = {
     "ConditionReport": ("hf_condinit.diagnostics", "ConditionReport"),
     "ConditionNumberCallback": ("hf_condinit.callbacks", "ConditionNumberCallback"),
     "ConditionedInitCallback": ("hf_condinit.callbacks", "ConditionedInitCallback"),
+    "ThroughputCallback": ("hf_condinit.callbacks", "ThroughputCallback"),
     "apply_spectral_conditioning": ("hf_condinit.attention", "apply_spectral_conditioning"),
     "merge_spectral": ("hf_condinit.attention", "merge_spectral"),
     "no_decay_parameter_names": ("hf_condinit.attention", "no_decay_parameter_names"),

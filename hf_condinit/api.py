@@ -109,8 +109,11 @@ def init_attention_block(
     todo = {role: p for role, p in projs.items() if role not in skipped}
     generator = torch.Generator().manual_seed((cfg.seed * _SEED_STRIDE + ordinal) % 2**63)
     params = list({id(t): t for p in todo.values() for t in (p.weight, p.bias) if t is not None}.values())
-    with torch.no_grad(), gathered(params):
-        written = INIT_SCHEMES[cfg.method](todo, geometry, cfg, generator)
+    if params and all(t.is_meta for t in params):
+        written = []  # meta-device build: nothing to write into (the draws and SVDs would be wasted CPU time)
+    else:
+        with torch.no_grad(), gathered(params):
+            written = INIT_SCHEMES[cfg.method](todo, geometry, cfg, generator)
     return {
         "ordinal": ordinal,
         "n_heads": geometry.n_heads,

@@ -47,6 +47,7 @@ __all__ = [
     "CondInitTrainer",
     "no_decay_parameter_names",
     "make_condition_number_callback",
+    "make_throughput_callback",
     "known_attention_names",
     "known_init_names",
     "setup_logging",
@@ -159,6 +160,11 @@ class CondInitArguments:
     )
     condition_number_probe_length: int = field(
         default=DEFAULT_PROBE_LENGTH, metadata={"help": "Tokens per probe sequence for the κ diagnostic."}
+    )
+    log_throughput: bool = field(
+        default=False,
+        metadata={"help": "Add tokens/s, MFU (known GPUs) and peak accelerator memory to every training log line "
+                          "(hf_condinit.callbacks.ThroughputCallback; keys throughput/...)."},
     )
 
     # Fields that are CondInitConfig options (same names).
@@ -338,6 +344,16 @@ def make_condition_number_callback(cond_args: CondInitArguments, dataset, traine
         trainer.add_callback(callback)
         callback.bind(trainer)
     return callback
+
+
+def make_throughput_callback(cond_args: CondInitArguments, trainer):
+    """``hf_condinit.callbacks.ThroughputCallback`` for ``--log_throughput`` (``None`` when off), added to ``trainer``
+    first so that the ``report_to`` integrations see its keys."""
+    if not cond_args.log_throughput:
+        return None
+    from hf_condinit.callbacks import add_throughput_callback
+
+    return add_throughput_callback(trainer)
 
 
 def setup_logging(training_args, logger_: logging.Logger | None = None) -> None:

@@ -22,7 +22,16 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ._common import crop_for_causal, effective_causal, get_holder, wants_attentions
 
-__all__ = ["attention_sink_attention_forward"]
+__all__ = ["attention_sink_attention_forward", "extra_coordinates"]
+
+
+def extra_coordinates(head_dim: int, device: torch.device) -> int:
+    """Coordinates appended to q/k/v per head: 1 on CPU; elsewhere enough to make ``head_dim + extra`` a multiple of
+    8 (at least 1), so the fused GPU kernels (flash / memory-efficient SDPA need head dims divisible by 8) stay
+    eligible. The output does not depend on it (the extra coordinates are zero except the sink's)."""
+    if device.type == "cpu":
+        return 1
+    return 8 - head_dim % 8 if head_dim % 8 else 8
 
 
 def attention_sink_attention_forward(
@@ -51,8 +60,7 @@ def attention_sink_attention_forward(
     if causal:
         key, value = crop_for_causal(key, value, Q)
     K = key.shape[2]
-    # extra coordinates: 1 on CPU; pad to a multiple of 8 elsewhere so fused GPU kernels stay eligible
-    extra = 1 if query.device.type == "cpu" else 8 - (d % 8) if d % 8 else 8
+    extra = extra_coordinates(d, query.device)
     dt, dev = query.dtype, query.device
 
     s = (holder.logit / scale).to(dt).view(1, H, 1, 1).expand(B, H, Q, 1)

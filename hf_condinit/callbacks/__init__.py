@@ -3,6 +3,7 @@
 - :mod:`.init`: :class:`ConditionedInitCallback`, apply an init scheme when training starts from scratch;
 - :mod:`.condition_number`: :class:`ConditionNumberCallback`, log the attention-Jacobian condition number;
 - :mod:`.report`: :class:`RunReportCallback`, write ``loss.png``, ``kappa.png`` and the model card when training ends.
+- :mod:`.throughput`: :class:`ThroughputCallback`, tokens/s, MFU and peak accelerator memory on every log line.
 """
 
 from .condition_number import (
@@ -14,6 +15,7 @@ from .condition_number import (
 )
 from .init import ConditionedInitCallback
 from .report import RunReportCallback
+from .throughput import ThroughputCallback, add_throughput_callback
 
 __all__ = [
     "DEFAULT_EVERY_N_STEPS",
@@ -22,5 +24,7 @@ __all__ = [
     "ConditionNumberCallback",
     "ConditionedInitCallback",
     "RunReportCallback",
+    "ThroughputCallback",
+    "add_throughput_callback",
     "build_probe",
 ]
