@@ -377,13 +377,12 @@ def load_model_config(model_args, synthetic: bool):
 
 def main(argv=None):
     (model_args, data_args, cond_args, training_args), attention_given = parse(argv)
-    given = flags_given(sys.argv[1:] if argv is None else list(argv), ("init", "condinit_seed", *CondInitArguments._OPTION_FIELDS))
     loaded = model_args.model_name_or_path
 
     # ---- every check that can fail, before any data or model work -------------------------------------------
     with user_errors():
         synthetic = data_args.synthetic
-        check_loaded_model_flags(cond_args, given, loaded)
+        check_loaded_model_flags(cond_args, argv, loaded)
         if loaded and synthetic:
             raise UsageError("--model_name_or_path continues a model on new data: pass --train_file or --dataset_name.")
         if loaded and model_args.config_overrides:

@@ -280,12 +280,14 @@ def check_attention_usable(attention: str, model_class, config, use_cpu: bool = 
         raise UsageError(f"--attention {attention} cannot be used with {model_class.__name__} here: {first}.") from None
 
 
-def check_loaded_model_flags(cond_args: "CondInitArguments", given: set[str], model_name_or_path: str | None) -> None:
+def check_loaded_model_flags(cond_args: "CondInitArguments", argv: list[str] | None, model_name_or_path: str | None) -> None:
     """A loaded model's weights are never re-initialised: ``--init`` and the init options (``--value_init``,
-    ``--qk_gain``, ``--mimetic_*``, ``--condinit_seed``, ``--spectral_*``) are refused with ``--model_name_or_path``."""
+    ``--qk_gain``, ``--mimetic_*``, ``--condinit_seed``, ``--spectral_*``) given on the command line ``argv``
+    (``sys.argv[1:]`` when ``None``) are refused with ``--model_name_or_path``."""
     if not model_name_or_path:
         return
-    refused = sorted(n for n in ("init", "condinit_seed", *CondInitArguments._OPTION_FIELDS) if n in given)
+    names = ("init", "condinit_seed", *CondInitArguments._OPTION_FIELDS)
+    refused = sorted(flags_given(sys.argv[1:] if argv is None else list(argv), names))
     if refused:
         flags = ", ".join("--" + n for n in refused)
         raise UsageError(f"{flags} cannot be used with --model_name_or_path {model_name_or_path} (loaded weights are "
@@ -593,6 +595,8 @@ def setup_logging(training_args, logger_: logging.Logger | None = None) -> None:
     transformers.utils.logging.set_verbosity(max(log_level, logging.WARNING))
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
+    if training_args.disable_tqdm:  # the user asked for no progress bars: the data pipeline's too
+        datasets.disable_progress_bars()
     _silence_noise()
 
 
