@@ -14,6 +14,9 @@ data / ``TrainingArguments``, so every Trainer flag works: ``--deepspeed``, ``--
         --train_file ../shared/data/tinystories/TinyStories-train.sample-2MiB.txt --block_size 256 \\
         --tokenizer_vocab_size 8192 --max_steps 600 --output_dir runs/ts-conditioned
 
+    # continue pretraining a saved model (or a hub id) on new data
+    python run_clm.py --model_name_or_path runs/ts-conditioned --train_file more.txt --output_dir runs/ts-more
+
     # the papers' sizes, DeepSpeed ZeRO (see docs/pretraining.md)
     deepspeed --num_gpus 8 run_clm.py --deepspeed ds_configs/zero2.json --model_config gpt2-472m --bf16 \\
         --init conditioned --dataset_name roneneldan/TinyStories --tokenizer_name gpt2 --block_size 1024 ...
@@ -22,7 +25,10 @@ Defaults: unless given on the command line (or in the ``.json`` argument file), 
 apply (AdamW β=(0.9, 0.95), weight decay 0.1 with biases/norms/``condinit_`` holders exempt, cosine decay, 5 %
 warmup, gradient clipping 1.0, lr 3e-4); see ``hf_condinit.scripts_common``. With neither ``--do_train`` nor
 ``--do_eval``, both run. Results: ``<output_dir>/eval_results.json`` (``eval_loss``, ``perplexity`` = exp(eval loss),
-and ``recall_accuracy`` on the synthetic task), ``train_results.json``, ``all_results.json``.
+and ``recall_accuracy`` on the synthetic task), ``train_results.json``, ``all_results.json``. Without
+``--output_dir`` each arm gets its own folder (``runs/clm-synthetic-conditioned-sdpa``, ...); an ``--output_dir``
+holding an unfinished run resumes from its last checkpoint, one holding a finished run is refused
+(``hf_condinit.scripts_common.find_last_checkpoint``). User errors print one line and exit 2.
 """
 
 from __future__ import annotations
@@ -33,16 +39,15 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
-    HfArgumentParser,
     TrainingArguments,
     default_data_collator,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers the attention variants)
 from hf_condinit.data import (
@@ -54,6 +59,7 @@ from hf_condinit.data import (
     mqar_recall_accuracy,
     mqar_tokenizer,
     pack_datasets,
+    split_sources,
     tokenize_datasets,
     train_bpe_tokenizer,
 )
@@ -61,17 +67,21 @@ from hf_condinit.scripts_common import (
     LM_TRAINING_DEFAULTS,
     CondInitArguments,
     CondInitTrainer,
+    UsageError,
+    check_attention_usable,
+    check_loaded_model_flags,
     evaluate_with_perplexity,
+    find_last_checkpoint,
     flags_given,
     log_deepspeed,
     make_condition_number_callback,
     make_throughput_callback,
-    parse_args_with_defaults,
+    parse_and_set_up,
     parse_config_overrides,
+    run_main,
     select_splits,
-    setup_logging,
     train_and_save,
-    validate_deepspeed_config,
+    user_errors,
 )
 
 logger = logging.getLogger("run_clm")
@@ -81,7 +91,6 @@ CONFIG_DIR = os.path.join(HERE, "configs")
 
 # Extra defaults of the embedded synthetic run (only when no data flag is given, and only for flags not given).
 DEMO_DEFAULTS = {
-    "output_dir": "runs/clm-default",
     "max_steps": 600,
     "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 64,
@@ -94,14 +103,30 @@ DEMO_DEFAULTS = {
 DATA_FLAGS = ("dataset_name", "train_file", "validation_file")
 
 
+TORCH_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 @dataclass
 class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Continue pretraining a saved model: a directory written by this script (or save_pretrained) or a "
+            "hub id. Its weights are loaded as they are (--init refused); its tokenizer is used unless "
+            "--tokenizer_name is given. Default: train a new model of --model_config from scratch."
+        },
+    )
+    torch_dtype: str | None = field(
+        default=None,
+        metadata={"help": "With --model_name_or_path: load the weights in this dtype ('auto': the checkpoint's).",
+                  "choices": list(TORCH_DTYPES)},
+    )
     model_config: str | None = field(
         default=None,
         metadata={
-            "help": "Model shape: a name in configs/ (gpt2-tiny, gpt2-small-cpu, gpt2-472m, gpt2-1.72b), a path to a "
-            "config.json or a directory holding one, or a hub id. Default: gpt2-tiny for the synthetic run, "
-            "gpt2-small-cpu with data. The model is always trained from scratch."
+            "help": "Model shape of a new model: a name in configs/ (gpt2-tiny, gpt2-small-cpu, gpt2-472m, "
+            "gpt2-1.72b), a path to a config.json or a directory holding one, or a hub id. Default: gpt2-tiny for "
+            "the synthetic run, gpt2-small-cpu with data."
         },
     )
     config_overrides: str | None = field(
@@ -184,18 +209,21 @@ def context_length(config) -> int | None:
 
 
 def parse(argv=None):
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, CondInitArguments, TrainingArguments))
+    """Parse, with the §7 LM defaults (plus the embedded run's without data flags), a default ``--output_dir`` per
+    arm, and both ``--do_train`` and ``--do_eval`` when neither is given. Returns ``((model_args, data_args,
+    cond_args, training_args), attention_given)``; raises ``UsageError`` for a bad flag."""
     argv = sys.argv[1:] if argv is None else list(argv)
     single_process_launch_env(argv)
-    defaults = dict(LM_TRAINING_DEFAULTS)
-    if not flags_given(argv, DATA_FLAGS):
-        defaults.update(DEMO_DEFAULTS)
-    else:
-        defaults["output_dir"] = "runs/clm"
-    model_args, data_args, cond_args, training_args = parse_args_with_defaults(parser, argv, defaults)
+    synthetic = not flags_given(argv, DATA_FLAGS)
+    defaults = {**LM_TRAINING_DEFAULTS, **(DEMO_DEFAULTS if synthetic else {})}
+    parsed, attention_given = parse_and_set_up(
+        (ModelArguments, DataTrainingArguments, CondInitArguments, TrainingArguments), argv, logger,
+        output_prefix="clm-synthetic" if synthetic else "clm", defaults=defaults,
+    )  # fmt: skip
+    training_args = parsed[-1]
     if not training_args.do_train and not training_args.do_eval:
         training_args.do_train = training_args.do_eval = True
-    return model_args, data_args, cond_args, training_args
+    return parsed, attention_given
 
 
 def single_process_launch_env(argv) -> None:
@@ -230,9 +258,10 @@ def maybe_init_distributed(training_args):
 def build_tokenizer(model_args, data_args, training_args, raw, text_column, context: int, spec: MQARSpec | None):
     if spec is not None:
         return mqar_tokenizer(spec, model_max_length=context)
-    if model_args.tokenizer_name:
+    if model_args.tokenizer_name or model_args.model_name_or_path:
         return AutoTokenizer.from_pretrained(
-            model_args.tokenizer_name, cache_dir=model_args.cache_dir, token=model_args.token
+            model_args.tokenizer_name or model_args.model_name_or_path, cache_dir=model_args.cache_dir,
+            token=model_args.token,
         )
     # Train on the training split only. Global rank 0 trains first and saves; the other ranks load its result when
     # the output dir is shared, or train the same tokenizer themselves (BPE training is deterministic).
@@ -253,64 +282,11 @@ def build_tokenizer(model_args, data_args, training_args, raw, text_column, cont
     return tok
 
 
-def main(argv=None):
-    model_args, data_args, cond_args, training_args = parse(argv)
-    setup_logging(training_args, logger)
-
-    # ---- every check that can fail, before any data or model work -------------------------------------------
-    condinit = cond_args.condinit_dict(seed=training_args.seed)
-    validate_deepspeed_config(training_args, cond_args)
-    synthetic = data_args.synthetic
-    config_name = model_args.model_config or ("gpt2-tiny" if synthetic else "gpt2-small-cpu")
-    config, config_path = resolve_model_config(config_name, model_args)
-    if model_args.config_overrides:
-        logger.info(f"Overriding config: {model_args.config_overrides}")
-        config.update(parse_config_overrides(model_args.config_overrides, config))
-    context = context_length(config)
-    spec = None
-    if synthetic:
-        spec = MQARSpec(data_args.mqar_pairs, data_args.mqar_queries, data_args.mqar_keys, data_args.mqar_values)
-        if data_args.block_size is not None and data_args.block_size != spec.seq_len:
-            raise ValueError(
-                f"--block_size {data_args.block_size}: the synthetic corpus has fixed sequences of {spec.seq_len} tokens "
-                f"(2*mqar_pairs + 2*mqar_queries + 2); omit --block_size or change the mqar flags"
-            )
-        block_size = spec.seq_len
-        if model_args.tokenizer_name:
-            raise ValueError("--tokenizer_name cannot be used with the synthetic corpus (it has its own vocabulary)")
-    else:
-        block_size = data_args.block_size or min(1024, context or 1024)
-    if context is not None and block_size > context:
-        raise ValueError(
-            f"block size {block_size} is larger than the model's context ({context} positions in {config_path}); "
-            f"pass --block_size <= {context} or --config_overrides n_positions={block_size}"
-        )
-    if data_args.train_file:
-        check_data_file(data_args.train_file, "train_file")
-    if data_args.validation_file:
-        check_data_file(data_args.validation_file, "validation_file")
-    if data_args.validation_file and not data_args.train_file:
-        raise ValueError("--validation_file needs --train_file")
-    if data_args.dataset_name and data_args.train_file:
-        raise ValueError("pass either --dataset_name or --train_file, not both")
-    resume = training_args.resume_from_checkpoint
-    if resume in ("last", "latest", "True", "true"):
-        resume = get_last_checkpoint(training_args.output_dir)
-        if resume is None:
-            raise ValueError(f"--resume_from_checkpoint {training_args.resume_from_checkpoint}: no checkpoint in {training_args.output_dir}")
-    elif resume is not None and not os.path.isdir(resume):
-        raise ValueError(f"--resume_from_checkpoint {resume!r} is not a directory")
-
-    logger.warning(
-        f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: {training_args.n_gpu}, "
-        f"distributed: {training_args.parallel_mode.value}, bf16: {training_args.bf16}"
-    )
-    logger.info(f"Training/evaluation parameters {training_args}")
-    maybe_init_distributed(training_args)
-    set_seed(training_args.seed)
-
-    # ---- data -------------------------------------------------------------------------------------------------
+def prepare_data(model_args, data_args, training_args, spec: MQARSpec | None, context: int | None, block_size: int):
+    """Load, tokenize and pack the data (the synthetic corpus when ``spec`` is given); the tokenizer is trained on
+    the training split unless one is given. Returns ``(raw, tokenizer, lm_datasets, text_column)``."""
     text_column = "text"
+    synthetic = spec is not None
     if synthetic:
         logger.info(f"No data flags: using the embedded synthetic corpus (MQAR {spec.to_dict()}, {spec.seq_len} tokens/seq)")
         raw = make_mqar_datasets(data_args.synthetic_train_examples, data_args.synthetic_eval_examples, spec, seed=training_args.seed)
@@ -349,20 +325,122 @@ def main(argv=None):
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
             main_process_first=lambda: training_args.main_process_first(desc="packing"),
+            sources=split_sources(data_args.train_file, data_args.validation_file, data_args.dataset_name,
+                                  data_args.validation_split_percentage),
         )
-    train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples, data_args.max_eval_samples)
+    return raw, tokenizer, lm, text_column
 
-    # ---- model: from scratch, with the condinit recipe ---------------------------------------------------------
-    config.vocab_size = len(tokenizer)
-    for name in ("bos_token_id", "eos_token_id"):
-        setattr(config, name, tokenizer.eos_token_id)
-    if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= config.vocab_size:
-        config.pad_token_id = None
-    model = AutoModelForCausalLM.from_config(config, condinit=condinit, attn_implementation=cond_args.attention)
-    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+def build_model(model_args, config, tokenizer, condinit: dict | None, attention: str | None):
+    """The model: loaded from ``--model_name_or_path`` (never re-initialised; ``attention`` only when given), or
+    built from ``config`` with the condinit recipe and a vocabulary sized to ``tokenizer``."""
+    if model_args.model_name_or_path:
+        kwargs = {"cache_dir": model_args.cache_dir, "token": model_args.token}
+        if model_args.torch_dtype:
+            kwargs["dtype"] = model_args.torch_dtype if model_args.torch_dtype == "auto" else getattr(torch, model_args.torch_dtype)
+        if attention is not None:
+            kwargs["attn_implementation"] = attention
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
+    else:
+        config.vocab_size = len(tokenizer)
+        for name in ("bos_token_id", "eos_token_id"):
+            setattr(config, name, tokenizer.eos_token_id)
+        if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= config.vocab_size:
+            config.pad_token_id = None
+        model = AutoModelForCausalLM.from_config(config, condinit=condinit, attn_implementation=attention)
+    if getattr(model, "loss_type", None) is None:  # GPT2LMHeadModel's name does not tell HF its loss: say it
+        model.loss_type = "ForCausalLM"
+    return model
+
+
+def load_model_config(model_args, synthetic: bool):
+    """``(config, where)`` of the model: the loaded model's (``--model_name_or_path``) or ``--model_config``'s."""
+    if model_args.model_name_or_path:
+        if model_args.model_config:
+            raise UsageError("--model_config describes a new model; a loaded one (--model_name_or_path) keeps its own.")
+        try:
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
+                                                token=model_args.token)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path!r} is not a saved model directory "
+                             f"or a reachable hub id ({str(err).splitlines()[0]})") from None
+        return config, model_args.model_name_or_path
+    if model_args.torch_dtype:
+        raise UsageError("--torch_dtype is for loading a model (--model_name_or_path); a new model is built in float32 "
+                         "(use --bf16 / --fp16 for mixed precision).")
+    config, path = resolve_model_config(model_args.model_config or ("gpt2-tiny" if synthetic else "gpt2-small-cpu"),
+                                        model_args)
+    if model_args.config_overrides:
+        logger.info(f"Overriding config: {model_args.config_overrides}")
+        config.update(parse_config_overrides(model_args.config_overrides, config))
+    return config, path
+
+
+def main(argv=None):
+    (model_args, data_args, cond_args, training_args), attention_given = parse(argv)
+    loaded = model_args.model_name_or_path
+
+    # ---- every check that can fail, before any data or model work -------------------------------------------
+    with user_errors():
+        synthetic = data_args.synthetic
+        check_loaded_model_flags(cond_args, argv, loaded)
+        if loaded and synthetic:
+            raise UsageError("--model_name_or_path continues a model on new data: pass --train_file or --dataset_name.")
+        if loaded and model_args.config_overrides:
+            raise UsageError("--config_overrides describes a new model; a loaded one (--model_name_or_path) keeps its own.")
+        condinit = None if loaded else cond_args.condinit_dict(seed=training_args.seed)
+        config, config_path = load_model_config(model_args, synthetic)
+        if attention_given or not loaded:
+            check_attention_usable(cond_args.attention, AutoModelForCausalLM, config, training_args.use_cpu)
+        context = context_length(config)
+        spec = None
+        if synthetic:
+            spec = MQARSpec(data_args.mqar_pairs, data_args.mqar_queries, data_args.mqar_keys, data_args.mqar_values)
+            if data_args.block_size is not None and data_args.block_size != spec.seq_len:
+                raise ValueError(
+                    f"--block_size {data_args.block_size}: the synthetic corpus has fixed sequences of {spec.seq_len} "
+                    f"tokens (2*mqar_pairs + 2*mqar_queries + 2); omit --block_size or change the mqar flags"
+                )
+            block_size = spec.seq_len
+            if model_args.tokenizer_name:
+                raise ValueError("--tokenizer_name cannot be used with the synthetic corpus (it has its own vocabulary)")
+        else:
+            block_size = data_args.block_size or min(1024, context or 1024)
+        if context is not None and block_size > context:
+            raise ValueError(
+                f"block size {block_size} is larger than the model's context ({context} positions in {config_path}); "
+                f"pass --block_size <= {context} or --config_overrides n_positions={block_size}"
+            )
+        if data_args.train_file:
+            check_data_file(data_args.train_file, "train_file")
+        if data_args.validation_file:
+            check_data_file(data_args.validation_file, "validation_file")
+        if data_args.validation_file and not data_args.train_file:
+            raise ValueError("--validation_file needs --train_file")
+        if data_args.dataset_name and data_args.train_file:
+            raise ValueError("pass either --dataset_name or --train_file, not both")
+        resume = find_last_checkpoint(training_args, logger)
+
     logger.info(
-        f"Model {config_path}: {n_params / 1e6:.2f}M parameters, init={condinit['method']} seed={condinit['seed']}, "
-        f"attention={cond_args.attention}, block_size={block_size}, vocab={config.vocab_size}"
+        f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: {training_args.n_gpu}, "
+        f"distributed: {training_args.parallel_mode.value}, bf16: {training_args.bf16}"
+    )
+    maybe_init_distributed(training_args)
+    set_seed(training_args.seed)
+
+    # ---- data: a bad file is a user error, and a failed start leaves no new --output_dir behind ------------------
+    with user_errors(training_args.output_dir):
+        raw, tokenizer, lm, text_column = prepare_data(model_args, data_args, training_args, spec, context, block_size)
+    train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples, data_args.max_eval_samples)
+    if loaded and len(tokenizer) > config.vocab_size:
+        raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {loaded} only {config.vocab_size}; "
+                         f"pass the model's own tokenizer (omit --tokenizer_name).")
+    model = build_model(model_args, config, tokenizer, condinit, cond_args.attention if attention_given or not loaded else None)
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    arm = f"loaded from {loaded}" if loaded else f"init={condinit['method']} seed={condinit['seed']}"
+    logger.info(
+        f"Model {config_path}: {n_params / 1e6:.2f}M parameters, {arm}, attention={model.config._attn_implementation}, "
+        f"block_size={block_size}, vocab={model.config.vocab_size}"
     )
 
     compute_metrics = preprocess = None
@@ -400,10 +478,11 @@ def main(argv=None):
     if trainer.is_world_process_zero():
         summary = {k: results[k] for k in ("eval_loss", "perplexity", "eval_recall_accuracy", "train_loss",
                                             "train_runtime", "train_tokens_per_second") if k in results}
-        print(f"run_clm result ({condinit['method']}, {cond_args.attention}) -> {training_args.output_dir}: "
+        arm = f"from {loaded}" if loaded else condinit["method"]
+        print(f"run_clm result ({arm}, {model.config._attn_implementation}) -> {training_args.output_dir}: "
               + json.dumps(summary))
     return results
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -54,12 +54,16 @@ from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_t
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    check_attention_usable,
+    check_loaded_model_flags,
     find_last_checkpoint,
     log_deepspeed,
     make_throughput_callback,
     parse_and_set_up,
     parse_config_overrides,
+    run_main,
     train_and_save,
+    user_errors,
 )
 
 logger = logging.getLogger(__name__)
@@ -202,26 +206,45 @@ def make_compute_metrics(task, metric):
     return compute_metrics
 
 
+def check_task(model_args, cond_args, training_args, attention_given: bool) -> str | None:
+    """The checks of one task before any work (``--attention`` against the model class, the ``--output_dir``
+    policy); returns the checkpoint to resume from (``find_last_checkpoint``)."""
+    with user_errors():
+        if attention_given or not model_args.model_name_or_path:
+            if model_args.model_name_or_path or model_args.config_name:
+                config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
+                                                    cache_dir=model_args.cache_dir, token=model_args.token)
+            else:
+                config = CrammedBertConfig(**parse_config_overrides(model_args.config_overrides, CrammedBertConfig()))
+            check_attention_usable(cond_args.attention, AutoModelForSequenceClassification, config,
+                                   training_args.use_cpu)
+        return find_last_checkpoint(training_args, logger)
+
+
 def run_task(
     model_args: ModelArguments,
     data_args: DataTrainingArguments,
     cond_args: CondInitArguments,
     training_args: TrainingArguments,
     attention_given: bool = True,
+    resume: str | None = None,
 ) -> dict:
     """Finetune / evaluate one GLUE task; returns the evaluation metrics (MNLI: matched and ``*_mm``).
 
     ``attention_given``: whether ``--attention`` was on the command line (a loaded checkpoint keeps its attention
-    implementation otherwise)."""
+    implementation otherwise). ``resume``: the checkpoint from :func:`check_task`."""
     task = get_task(data_args.task_name)
     set_seed(training_args.seed)
 
-    raw = load_task_datasets(task, data_args, model_args)
-    if training_args.do_train and "train" not in raw:
-        raise ValueError(f"--do_train needs a training split for {task.name}: pass --train_file.")
-    eval_split = "validation_matched" if task.name == "mnli" else "validation"
-    if training_args.do_eval and eval_split not in raw:
-        raise ValueError(f"--do_eval needs a validation split for {task.name}: pass --validation_file.")
+    with user_errors(training_args.output_dir):
+        raw = load_task_datasets(task, data_args, model_args)
+        if training_args.do_train and "train" not in raw:
+            raise ValueError(f"--do_train needs a training split for {task.name}: pass --train_file.")
+        eval_split = "validation_matched" if task.name == "mnli" else "validation"
+        if training_args.do_eval and eval_split not in raw:
+            raise ValueError(f"--do_eval needs a validation split for {task.name}: pass --validation_file.")
+        if training_args.do_predict and "test" not in raw:
+            raise ValueError("--do_predict needs --test_file.")
 
     num_labels = task.num_labels
     label_kwargs = {"num_labels": num_labels, "finetuning_task": task.name}
@@ -268,8 +291,6 @@ def run_task(
         if attention_given:
             kwargs["attn_implementation"] = cond_args.attention
         model = AutoModelForSequenceClassification.from_pretrained(model_args.model_name_or_path, **kwargs)
-        if cond_args.init != "default":
-            logger.warning("--init is ignored with --model_name_or_path (loaded weights are never re-initialised).")
     else:
         reference = CrammedBertConfig()
         overrides = parse_config_overrides(model_args.config_overrides, reference)
@@ -336,8 +357,7 @@ def run_task(
     log_deepspeed(trainer, training_args, logger)
     make_throughput_callback(cond_args, trainer)
     if training_args.do_train:
-        last_checkpoint = find_last_checkpoint(training_args, logger)
-        train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint)
+        train_and_save(trainer, train_dataset, resume)
 
     combined: dict = {}
     if training_args.do_eval:
@@ -357,8 +377,6 @@ def run_task(
         trainer.save_metrics("eval", combined)
 
     if training_args.do_predict:
-        if "test" not in raw:
-            raise ValueError("--do_predict needs --test_file.")
         predict_dataset = raw["test"]
         if "label" in predict_dataset.column_names:
             predict_dataset = predict_dataset.remove_columns("label")
@@ -410,13 +428,21 @@ def run_suite(model_args, data_args, cond_args, training_args, attention_given: 
         get_task(t).name for t in data_args.suite_tasks.split(",") if t.strip()
     )
     label = data_args.suite_label or model_args.model_name_or_path or f"scratch-{cond_args.init}"
-    per_task: dict[str, dict] = {}
+    plan = []  # every task checked (files, output folder) before the first one starts
     for task in tasks:
-        files = _suite_files(task, data_args)
-        if training_args.do_train and files and "train" not in files:
-            raise ValueError(f"--glue_suite: no training file for {task} (looked in {data_args.glue_data_dir}).")
-        if training_args.do_eval and files and "validation" not in files:
-            raise ValueError(f"--glue_suite: no validation file for {task} (looked in {data_args.glue_data_dir}).")
+        with user_errors():
+            files = _suite_files(task, data_args)
+            if training_args.do_train and files and "train" not in files:
+                raise ValueError(f"--glue_suite: no training file for {task} (looked in {data_args.glue_data_dir}).")
+            if training_args.do_eval and files and "validation" not in files:
+                raise ValueError(f"--glue_suite: no validation file for {task} (looked in {data_args.glue_data_dir}).")
+        task_training = copy.deepcopy(training_args)
+        task_training.output_dir = os.path.join(training_args.output_dir, task)
+        task_training.do_predict = False
+        resume = check_task(model_args, cond_args, task_training, attention_given)
+        plan.append((task, files, task_training, resume))
+    per_task: dict[str, dict] = {}
+    for task, files, task_training, resume in plan:
         task_data = dataclasses.replace(
             data_args,
             glue_suite=False,
@@ -426,11 +452,8 @@ def run_suite(model_args, data_args, cond_args, training_args, attention_given: 
             validation_mismatched_file=files.get("validation_mismatched"),
             test_file=None,
         )
-        task_training = copy.deepcopy(training_args)
-        task_training.output_dir = os.path.join(training_args.output_dir, task)
-        task_training.do_predict = False
         logger.info(f"===== GLUE suite: {task} ({files or 'hub'}) =====")
-        per_task[task] = run_task(model_args, task_data, cond_args, task_training, attention_given)
+        per_task[task] = run_task(model_args, task_data, cond_args, task_training, attention_given, resume)
     average, n_tasks = glue_average(per_task, tasks)
     result = {
         "label": label,
@@ -447,14 +470,28 @@ def run_suite(model_args, data_args, cond_args, training_args, attention_given: 
     return result
 
 
+def parse(argv: list[str] | None = None):
+    """``((model_args, data_args, cond_args, training_args), attention_given)``; without ``--output_dir`` each arm
+    gets ``runs/glue-<task or suite>-<init or from-model>-<attention>``. Raises ``UsageError`` for a bad flag."""
+    parsed, attention_given = parse_and_set_up(
+        (ModelArguments, DataTrainingArguments, CondInitArguments, GlueTrainingArguments), argv, logger,
+        output_prefix=lambda parsed: "glue-" + ("suite" if parsed[1].glue_suite else parsed[1].task_name),
+    )  # fmt: skip
+    model_args, _, cond_args, _ = parsed
+    check_loaded_model_flags(cond_args, argv, model_args.model_name_or_path)
+    if not model_args.model_name_or_path:
+        with user_errors():
+            cond_args.condinit_dict(parsed[-1].seed)  # a bad or unused init option fails here
+    return parsed, attention_given
+
+
 def main(argv: list[str] | None = None):
-    (model_args, data_args, cond_args, training_args), attention_given = parse_and_set_up(
-        (ModelArguments, DataTrainingArguments, CondInitArguments, GlueTrainingArguments), argv, logger
-    )
+    (model_args, data_args, cond_args, training_args), attention_given = parse(argv)
 
     if data_args.glue_suite:
         return run_suite(model_args, data_args, cond_args, training_args, attention_given)
-    return run_task(model_args, data_args, cond_args, training_args, attention_given)
+    resume = check_task(model_args, cond_args, training_args, attention_given)
+    return run_task(model_args, data_args, cond_args, training_args, attention_given, resume)
 
 
 def _mp_fn(index):
@@ -462,4 +499,4 @@ def _mp_fn(index):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

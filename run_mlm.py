@@ -47,20 +47,24 @@ from transformers import (
 )
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
-from hf_condinit.data.text import load_raw_datasets, pack_datasets, tokenize_datasets
+from hf_condinit.data.text import load_raw_datasets, pack_datasets, split_sources, tokenize_datasets
 from hf_condinit.data.tokenizer import batch_iterator
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    check_attention_usable,
+    check_loaded_model_flags,
     evaluate_with_perplexity,
     find_last_checkpoint,
     log_deepspeed,
     make_throughput_callback,
     parse_and_set_up,
     parse_config_overrides,
+    run_main,
     select_splits,
     train_and_save,
+    user_errors,
 )
 
 logger = logging.getLogger(__name__)
@@ -186,16 +190,74 @@ def preprocess_logits_for_metrics(logits, labels):
     return full
 
 
-def main(argv: list[str] | None = None):
-    (model_args, data_args, cond_args, training_args), attention_given = parse_and_set_up(
-        (ModelArguments, DataTrainingArguments, CondInitArguments, MLMTrainingArguments), argv, logger
-    )
+def parse(argv: list[str] | None = None):
+    """``((model_args, data_args, cond_args, training_args), attention_given)``; without ``--output_dir`` each arm
+    gets ``runs/mlm-<init>-<attention>``. Raises ``UsageError`` for a bad flag."""
+    return parse_and_set_up(
+        (ModelArguments, DataTrainingArguments, CondInitArguments, MLMTrainingArguments), argv, logger,
+        output_prefix="mlm",
+    )  # fmt: skip
 
-    last_checkpoint = find_last_checkpoint(training_args, logger)
+
+def main(argv: list[str] | None = None):
+    (model_args, data_args, cond_args, training_args), attention_given = parse(argv)
+
+    # ---- every check that can fail, before any data or model work ----
+    with user_errors():
+        check_loaded_model_flags(cond_args, argv, model_args.model_name_or_path)
+        condinit = None if model_args.model_name_or_path else cond_args.condinit_dict(training_args.seed)
+        config = reference_config(model_args, data_args)  # a bad --config_overrides / --max_seq_length fails here
+        if attention_given or not model_args.model_name_or_path:
+            check_attention_usable(cond_args.attention, AutoModelForMaskedLM, config, training_args.use_cpu)
+        last_checkpoint = find_last_checkpoint(training_args, logger)
 
     set_seed(training_args.seed)
+    with user_errors(training_args.output_dir):
+        tokenizer, lm_datasets = prepare_data(model_args, data_args, training_args)
+    model = build_model(model_args, cond_args, tokenizer, data_args, condinit, attention_given)
 
-    # ---- data ----
+    train_dataset, eval_dataset = select_splits(
+        lm_datasets, training_args, data_args.max_train_samples, data_args.max_eval_samples
+    )
+
+    data_collator = DataCollatorForLanguageModeling(
+        tokenizer=tokenizer,
+        mlm_probability=data_args.mlm_probability,
+        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
+    )
+
+    trainer = CondInitTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=data_collator,
+        compute_metrics=mlm_accuracy if training_args.do_eval else None,
+        preprocess_logits_for_metrics=preprocess_logits_for_metrics if training_args.do_eval else None,
+    )
+
+    log_deepspeed(trainer, training_args, logger)
+    make_throughput_callback(cond_args, trainer)
+    if training_args.do_train:
+        train_and_save(trainer, train_dataset, last_checkpoint)
+    if training_args.do_eval:
+        evaluate_with_perplexity(trainer, eval_dataset)
+
+    return trainer
+
+
+def reference_config(model_args: ModelArguments, data_args: DataTrainingArguments):
+    """The config the model will have (loaded, or :func:`build_config`'s with a placeholder vocabulary), for the
+    checks made before any work (``--config_overrides``, ``--max_seq_length``, ``--attention``)."""
+    if model_args.model_name_or_path:
+        return AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    return build_config(model_args, model_args.tokenizer_vocab_size, 0, data_args.max_seq_length)
+
+
+def prepare_data(model_args, data_args, training_args):
+    """Load the text, get the tokenizer (loaded, or a WordPiece trained on the training split), tokenize and pack.
+    Returns ``(tokenizer, lm_datasets)``."""
     raw_datasets, text_column = load_raw_datasets(
         dataset_name=data_args.dataset_name,
         dataset_config_name=data_args.dataset_config_name,
@@ -228,29 +290,10 @@ def main(argv: list[str] | None = None):
     if tokenizer.mask_token is None:
         raise ValueError("The tokenizer has no mask token; masked-language modelling needs one.")
 
-    # ---- model ----
+    max_seq_length = data_args.max_seq_length
     if model_args.model_name_or_path:
-        kwargs = {"cache_dir": model_args.cache_dir}
-        if attention_given:
-            kwargs["attn_implementation"] = cond_args.attention
-        model = AutoModelForMaskedLM.from_pretrained(model_args.model_name_or_path, **kwargs)
-        if cond_args.init != "default":
-            logger.warning("--init is ignored with --model_name_or_path (loaded weights are never re-initialised).")
-    else:
-        config = build_config(model_args, len(tokenizer), tokenizer.pad_token_id, data_args.max_seq_length)
-        model = AutoModelForMaskedLM.from_config(
-            config,
-            condinit=cond_args.condinit_dict(training_args.seed),
-            attn_implementation=cond_args.attention,
-        )
-    n_params = sum(p.numel() for p in model.parameters())
-    logger.info(f"Model {type(model).__name__}: {n_params / 1e6:.2f}M parameters, init={cond_args.init}, "
-                f"attention={model.config._attn_implementation}")
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer))
-
-    # ---- preprocessing ----
-    max_seq_length = min(data_args.max_seq_length, getattr(model.config, "max_position_embeddings", 10**9))
+        max_positions = getattr(reference_config(model_args, data_args), "max_position_embeddings", None)
+        max_seq_length = min(max_seq_length, max_positions or max_seq_length)
     with training_args.main_process_first(desc="tokenizing and packing"):
         tokenized = tokenize_datasets(
             raw_datasets,
@@ -265,37 +308,29 @@ def main(argv: list[str] | None = None):
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
             add_labels=False,
+            sources=split_sources(data_args.train_file, data_args.validation_file, data_args.dataset_name,
+                                  data_args.validation_split_percentage),
         )
+    return tokenizer, lm_datasets
 
-    train_dataset, eval_dataset = select_splits(
-        lm_datasets, training_args, data_args.max_train_samples, data_args.max_eval_samples
-    )
 
-    data_collator = DataCollatorForLanguageModeling(
-        tokenizer=tokenizer,
-        mlm_probability=data_args.mlm_probability,
-        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
-    )
+def build_model(model_args, cond_args, tokenizer, data_args, condinit, attention_given: bool):
+    """Load ``--model_name_or_path`` (never re-initialised) or build a new model with the condinit recipe."""
+    if model_args.model_name_or_path:
+        kwargs = {"cache_dir": model_args.cache_dir}
+        if attention_given:
+            kwargs["attn_implementation"] = cond_args.attention
+        model = AutoModelForMaskedLM.from_pretrained(model_args.model_name_or_path, **kwargs)
+    else:
+        config = build_config(model_args, len(tokenizer), tokenizer.pad_token_id, data_args.max_seq_length)
+        model = AutoModelForMaskedLM.from_config(config, condinit=condinit, attn_implementation=cond_args.attention)
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info(f"Model {type(model).__name__}: {n_params / 1e6:.2f}M parameters, init={cond_args.init}, "
+                f"attention={model.config._attn_implementation}")
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
 
-    trainer = CondInitTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        data_collator=data_collator,
-        compute_metrics=mlm_accuracy if training_args.do_eval else None,
-        preprocess_logits_for_metrics=preprocess_logits_for_metrics if training_args.do_eval else None,
-    )
-
-    log_deepspeed(trainer, training_args, logger)
-    make_throughput_callback(cond_args, trainer)
-    if training_args.do_train:
-        train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint)
-    if training_args.do_eval:
-        evaluate_with_perplexity(trainer, eval_dataset)
-
-    return trainer
+    return model
 
 
 def _mp_fn(index):
@@ -303,4 +338,4 @@ def _mp_fn(index):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

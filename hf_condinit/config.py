@@ -16,9 +16,11 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CondInitConfig", "resolve_condinit", "INIT_METHODS"]
+__all__ = ["CondInitConfig", "resolve_condinit", "INIT_METHODS", "INIT_METHOD_ALIASES", "check_options_apply"]
 
 INIT_METHODS = ("default", "mimetic", "conditioned")
+#: Other spellings of a method, accepted wherever a method name is (the papers' figure legends say "orthogonal").
+INIT_METHOD_ALIASES = {"orthogonal": "conditioned"}
 
 _VALUE_INITS = ("block", "per_head")
 _MIMETIC_DISTS = ("uniform", "normal")
@@ -89,9 +91,8 @@ class CondInitConfig:
     hf_condinit_version: str | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if self.method == "orthogonal":  # spelled like the paper's figure legends
-            self.method = "conditioned"
-        _check_choice("method", self.method, INIT_METHODS)
+        self.method = INIT_METHOD_ALIASES.get(self.method, self.method)
+        _check_choice("method", self.method, INIT_METHODS, INIT_METHOD_ALIASES)
         _check_choice("value_init", self.value_init, _VALUE_INITS)
         _check_choice("mimetic_dist", self.mimetic_dist, _MIMETIC_DISTS)
         _check_choice("spectral_mode", self.spectral_mode, _SPECTRAL_MODES)
@@ -135,9 +136,45 @@ def _check_finite_number(name: str, value: Any, optional: bool = False) -> None:
         raise ValueError(f"condinit option {name} must be a finite number, got {value!r}.")
 
 
-def _check_choice(name: str, value: Any, accepted: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: Any, accepted: tuple[str, ...], aliases: dict[str, str] | None = None) -> None:
     if value not in accepted:
-        raise ValueError(f"Unknown condinit {name} {value!r}; accepted: {', '.join(map(repr, accepted))}.")
+        also = "".join(f", {a!r} (alias of {b!r})" for a, b in (aliases or {}).items())
+        raise ValueError(f"Unknown condinit {name} {value!r}; accepted: {', '.join(map(repr, accepted))}{also}.")
+
+
+#: Options read by one method, attention implementation or spectral conditioning only: (what, who).
+_OPTION_READERS = {
+    **{name: ("method", "conditioned") for name in ("value_init", "qk_gain", "v_gain")},
+    **{f"mimetic_{n}": ("method", "mimetic") for n in ("alpha1", "beta1", "alpha2", "beta2", "vo_sign", "dist")},
+    "affine_rho": ("attention", "affine_scaled"),
+    "affine_bias_length": ("attention", "affine_scaled"),
+    "precond_eps": ("attention", "preconditioned"),
+    "precond_scale": ("attention", "preconditioned"),
+    "spectral_mode": ("spectral_lambda", None),
+}
+
+
+def check_options_apply(options: dict[str, Any], attention: str | None = None) -> None:
+    """Refuse options that the chosen method never reads (e.g. ``value_init`` with ``method="mimetic"``).
+
+    ``options``: a ``condinit`` dict as the user gave it; an option at its default value is never refused (a stored
+    ``config.condinit`` holds every option). With ``attention`` (the ``attn_implementation``), the ``affine_*`` and
+    ``precond_*`` options are checked against it too. ``spectral_mode`` needs ``spectral_lambda``. Raises
+    ``ValueError`` naming each unused option and what reads it."""
+    method = INIT_METHOD_ALIASES.get(options.get("method", "conditioned"), options.get("method", "conditioned"))
+    defaults = {f.name: f.default for f in dataclasses.fields(CondInitConfig)}
+    problems = []
+    for name, (what, reader) in _OPTION_READERS.items():
+        if name not in options or options[name] == defaults[name]:
+            continue
+        if what == "method" and method != reader:
+            problems.append(f"{name} is read by method {reader!r} only, not {method!r}")
+        elif what == "attention" and attention is not None and attention != reader:
+            problems.append(f"{name} is read by attention {reader!r} only, not {attention!r}")
+        elif what == "spectral_lambda" and options.get("spectral_lambda") is None:
+            problems.append(f"{name} is read only with spectral_lambda set")
+    if problems:
+        raise ValueError(f"condinit option(s) without effect: {'; '.join(problems)}. Remove them or change the method.")
 
 
 def resolve_condinit(value: Any) -> CondInitConfig | None:

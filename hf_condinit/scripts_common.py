@@ -18,6 +18,23 @@
 - :func:`make_condition_number_callback`: wires ``--log_condition_number_every N`` to
   ``hf_condinit.callbacks.ConditionNumberCallback``.
 
+What every script calls (one call each; see README "Writing a new script"):
+
+- :class:`UsageError` / :func:`user_errors` / :func:`run_main`: a user error (bad flag, missing or bad file,
+  impossible combination) prints one line ``<script>: error: ...`` on stderr and exits 2, as argparse does; a real
+  bug keeps its traceback. ``with user_errors(output_dir):`` turns the ``ValueError`` / ``OSError`` raised by the
+  checks inside it into a :class:`UsageError` and removes ``output_dir`` if the block created it.
+- :func:`parse_and_set_up` (or :func:`parse_script_args` for a script with its own defaults): parse, apply
+  :data:`SCRIPT_DEFAULTS` and the machine's defaults (no accelerator: no pinned memory; ``--deepspeed`` without an
+  accelerator: ``--use_cpu``), make a flag imply its strategy (``--save_steps`` → ``--save_strategy steps``),
+  check the DeepSpeed file early, give each arm its own ``--output_dir`` when none is given
+  (:func:`default_output_dir`), set up quiet logging (:func:`setup_logging`).
+- :func:`find_last_checkpoint`: the resume-or-stop policy for an ``--output_dir`` that already holds a run.
+- :func:`check_attention_usable`: ``--attention`` against this machine and the model class, before any work.
+- :func:`check_loaded_model_flags`: ``--init`` and the init options are refused for a loaded model.
+- :class:`CondInitTrainer` adds :class:`hf_condinit.callbacks.NonFiniteLossCallback` (a non-finite loss stops the
+  run with an error) and does not warn about tied weights missing from a checkpoint.
+
 How "not set by the user" is detected: the defaults are installed as *parser* defaults with
 ``HfArgumentParser.set_defaults`` (argparse's own mechanism), so an explicit flag always wins and an absent flag
 takes the LM default; for a ``.json`` argument file, the defaults are merged under the file's keys before
@@ -26,11 +43,16 @@ takes the LM default; for a ``.json`` argument file, the defaults are merged und
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
+import shutil
+import sys
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +61,15 @@ from .callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "UsageError",
+    "user_errors",
+    "run_main",
+    "SCRIPT_DEFAULTS",
+    "parse_script_args",
+    "default_output_dir",
+    "has_accelerator",
+    "check_attention_usable",
+    "check_loaded_model_flags",
     "CondInitArguments",
     "LM_TRAINING_DEFAULTS",
     "parse_args_with_defaults",
@@ -73,6 +104,196 @@ LM_TRAINING_DEFAULTS: dict[str, Any] = {
     "learning_rate": 3e-4,
     "logging_steps": 50,
 }
+
+# ---------------------------------------------------------------------------------------------- user errors
+
+
+class UsageError(ValueError):
+    """A user error: a bad flag value, a missing or unreadable file, an impossible combination.
+
+    :func:`run_main` prints it as one line and exits 2 (argparse's convention); any other exception is a bug and
+    keeps its traceback. A ``ValueError`` subclass, so ``pytest.raises(ValueError)`` and callers catching
+    ``ValueError`` keep working."""
+
+
+@contextlib.contextmanager
+def user_errors(output_dir: str | None = None):
+    """Treat the ``ValueError`` / ``OSError`` raised inside the block as user errors (:class:`UsageError`).
+
+    Wrap the checks a script makes before any model work (flags, files, data loading). With ``output_dir``: when the
+    block raises a user error and the directory did not exist on entry, it is removed, so a failed start leaves
+    nothing behind (e.g. a tokenizer saved before the data turned out too short)."""
+    existed = output_dir is None or os.path.exists(output_dir)
+    try:
+        yield
+    except Exception as err:
+        if not isinstance(err, (UsageError, ValueError, OSError)):
+            raise
+        if not existed and os.path.isdir(output_dir):
+            shutil.rmtree(output_dir, ignore_errors=True)
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(str(err)) from err
+
+
+def run_main(main: Callable, argv: list[str] | None = None, prog: str | None = None):
+    """Run a script's ``main(argv)``: a :class:`UsageError` becomes ``<prog>: error: <message>`` (one line) on stderr
+    and exit code 2; a :class:`hf_condinit.callbacks.NonFiniteLossError` one line and exit code 1; everything else
+    propagates with its traceback. Use as ``if __name__ == "__main__": run_main(main)``."""
+    from .callbacks import NonFiniteLossError
+
+    prog = prog or os.path.basename(sys.argv[0])
+    try:
+        return main(argv)
+    except UsageError as err:
+        print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)
+    except NonFiniteLossError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------- machine and flags
+
+#: Defaults of every script (explicit flags win): a non-finite loss must reach the logs, where
+#: ``NonFiniteLossCallback`` stops the run (HF's default filter would replace it by the running mean).
+SCRIPT_DEFAULTS: dict[str, Any] = {"logging_nan_inf_filter": False}
+
+#: A flag given without its strategy turns the strategy on (the script defaults may have switched it off).
+_IMPLIED_STRATEGY = {"save_steps": ("save_strategy", "steps"), "eval_steps": ("eval_strategy", "steps")}
+
+
+def has_accelerator() -> bool:
+    """Whether torch sees a GPU-like device (CUDA/ROCm, XPU, MPS, NPU) on this machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    for name in ("xpu", "mps", "npu"):
+        backend = getattr(torch, name, None) or getattr(torch.backends, name, None)
+        if backend is not None and getattr(backend, "is_available", lambda: False)():
+            return True
+    return False
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+    """The value of ``--name X`` / ``--name=X`` on the command line (the last one), else ``None``."""
+    value = None
+    for i, arg in enumerate(argv):
+        for spelling in {f"--{name}", f"--{name.replace('_', '-')}"}:
+            if arg == spelling and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(spelling + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def check_deepspeed_file(path) -> None:
+    """``--deepspeed FILE`` must be a readable JSON object; checked before ``TrainingArguments`` imports DeepSpeed."""
+    if path is None or isinstance(path, dict):
+        return
+    if not os.path.isfile(path):
+        raise UsageError(f"--deepspeed {path!r} is not a file; pass a DeepSpeed JSON config such as ds_configs/zero2.json.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"--deepspeed {path!r} is not valid JSON ({err}); fix the file or use one of ds_configs/.") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"--deepspeed {path!r} must hold a JSON object, not {type(config).__name__}.")
+
+
+def _machine_defaults(given: set[str], deepspeed_file) -> dict[str, Any]:
+    """Defaults that depend on this machine: no accelerator → no pinned memory (torch warns otherwise) and, with
+    ``--deepspeed``, the CPU path (``--use_cpu``) instead of DeepSpeed failing on a batch-size mismatch."""
+    out: dict[str, Any] = {}
+    accelerator = has_accelerator()
+    if not accelerator or "use_cpu" in given:
+        out["dataloader_pin_memory"] = False
+    if deepspeed_file and not accelerator and "use_cpu" not in given:
+        out["use_cpu"] = True
+        print("No GPU found: running DeepSpeed on the CPU over gloo (as with --use_cpu).", file=sys.stderr)
+    return out
+
+
+def parse_script_args(parser, argv: list[str] | None, defaults: dict[str, Any] | None = None):
+    """Every script's parsing: ``argv`` (flags or one ``.json`` file) into the parser's dataclasses, with
+    :data:`SCRIPT_DEFAULTS`, the machine's defaults and ``defaults`` (in that order, later wins) replacing the
+    dataclass defaults of the flags the user did not give. A flag implies its strategy (``--save_steps`` alone
+    saves). The ``--deepspeed`` file is checked first. Every parse error is a :class:`UsageError`.
+
+    Returns ``(parsed, given)``: the tuple of dataclasses and the set of field names the user gave."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with user_errors():
+        fields = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype)}
+        given = flags_given(argv, fields)
+        if len(argv) == 1 and argv[0].endswith(".json"):
+            with open(argv[0], encoding="utf-8") as f:
+                deepspeed_file = json.load(f).get("deepspeed")
+        else:
+            deepspeed_file = _flag_value(argv, "deepspeed")
+        check_deepspeed_file(deepspeed_file)
+        merged = {k: v for k, v in SCRIPT_DEFAULTS.items() if k in fields}
+        merged.update(_machine_defaults(given, deepspeed_file))
+        merged.update(defaults or {})
+        for flag, (strategy, value) in _IMPLIED_STRATEGY.items():
+            if flag in given and strategy not in given and strategy in fields:
+                merged[strategy] = value
+        parsed = parse_args_with_defaults(parser, argv, {k: v for k, v in merged.items() if k not in given})
+    return parsed, given
+
+
+def default_output_dir(prefix: str, cond_args: "CondInitArguments", model_name_or_path: str | None = None) -> str:
+    """``runs/<prefix>-<arm>``: one folder per ``--init`` / ``--attention`` / spectral arm (or per loaded model),
+    so runs that differ only in the arm never share a folder. E.g. ``runs/clm-conditioned-sdpa``,
+    ``runs/mlm-default-affine_scaled-spectral10``, ``runs/glue-rte-from-mlm_conditioned-sdpa``."""
+    arm = f"from-{os.path.basename(os.path.normpath(model_name_or_path))}" if model_name_or_path else cond_args.init
+    parts = [prefix, arm, cond_args.attention.replace("|", "-")]
+    if cond_args.spectral_lambda is not None:
+        parts.append(f"spectral{cond_args.spectral_lambda:g}")
+    return os.path.join("runs", "-".join(parts))
+
+
+def check_attention_usable(attention: str, model_class, config, use_cpu: bool = False) -> None:
+    """Raise a :class:`UsageError` when ``--attention`` cannot run with ``model_class`` (built from ``config``) on this
+    machine: HF's own check (flash-attention package, the model's support for flash / flex attention), plus a GPU
+    for ``flash_attention_*``, and no ``paged|...`` (continuous-batching generation only) for training.
+    ``model_class``: a concrete class, or an ``AutoModelFor...`` class resolved through its mapping. Builds nothing."""
+    if attention.startswith("paged|"):
+        raise UsageError(f"--attention {attention} is for generation with continuous batching, not training; "
+                         f"use sdpa or eager.")
+    if hasattr(model_class, "_model_mapping"):
+        try:
+            model_class = model_class._model_mapping[type(config)]
+        except KeyError:
+            raise UsageError(f"{model_class.__name__} has no model for config type {type(config).__name__}.") from None
+    if attention.startswith("flash_attention") and (use_cpu or not has_accelerator()):
+        raise UsageError(f"--attention {attention} needs a GPU ({'--use_cpu given' if use_cpu else 'none found'}); "
+                         f"use sdpa or eager.")
+    probe = object.__new__(model_class)  # HF's check reads only class attributes and .config
+    probe.__dict__["config"] = config
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe._check_and_adjust_attn_implementation(attention, is_init_check=True)
+    except (ValueError, ImportError) as err:
+        first = str(err).split(". ")[0].rstrip(".")
+        raise UsageError(f"--attention {attention} cannot be used with {model_class.__name__} here: {first}.") from None
+
+
+def check_loaded_model_flags(cond_args: "CondInitArguments", argv: list[str] | None, model_name_or_path: str | None) -> None:
+    """A loaded model's weights are never re-initialised: ``--init`` and the init options (``--value_init``,
+    ``--qk_gain``, ``--mimetic_*``, ``--condinit_seed``, ``--spectral_*``) given on the command line ``argv``
+    (``sys.argv[1:]`` when ``None``) are refused with ``--model_name_or_path``."""
+    if not model_name_or_path:
+        return
+    names = ("init", "condinit_seed", *CondInitArguments._OPTION_FIELDS)
+    refused = sorted(flags_given(sys.argv[1:] if argv is None else list(argv), names))
+    if refused:
+        flags = ", ".join("--" + n for n in refused)
+        raise UsageError(f"{flags} cannot be used with --model_name_or_path {model_name_or_path} (loaded weights are "
+                         f"never re-initialised); drop {'it' if len(refused) == 1 else 'them'} or train from scratch.")
+
 
 _BUILTIN_ATTENTION = ("sdpa", "eager")
 _FALLBACK_VARIANTS = ("affine_scaled", "attention_sink", "preconditioned")
@@ -180,29 +401,34 @@ class CondInitArguments:
         self.validate_names()
 
     def validate_names(self) -> None:
-        """Raise a ``ValueError`` for an unknown ``--init`` or ``--attention`` name, listing the accepted ones."""
+        """Raise a :class:`UsageError` for an unknown ``--init`` or ``--attention`` name, listing the accepted ones
+        (aliases included: ``orthogonal`` = ``conditioned``)."""
+        from hf_condinit.config import INIT_METHOD_ALIASES
+
         inits = known_init_names()
-        if self.init not in inits and self.init != "orthogonal":
-            raise ValueError(f"unknown --init {self.init!r}; choose one of: {', '.join(inits)}")
+        if self.init not in inits and self.init not in INIT_METHOD_ALIASES:
+            aliases = "".join(f", {a} (alias of {b})" for a, b in INIT_METHOD_ALIASES.items())
+            raise UsageError(f"unknown --init {self.init!r}; choose one of: {', '.join(inits)}{aliases}")
         atts = known_attention_names()
         if self.attention not in atts:
-            raise ValueError(f"unknown --attention {self.attention!r}; choose one of: {', '.join(atts)}")
+            raise UsageError(f"unknown --attention {self.attention!r}; choose one of: {', '.join(atts)}")
 
     def condinit_dict(self, seed: int) -> dict[str, Any]:
         """The ``condinit=`` dict for ``from_config``: method, seed, and every option the user set.
 
-        Validated through ``CondInitConfig`` so a bad option (e.g. ``--value_init diagonal``) fails here.
+        Validated through ``CondInitConfig`` so a bad option (e.g. ``--value_init diagonal``) fails here, and an
+        option the method or ``--attention`` never reads (``--init mimetic --value_init per_head``) is refused.
         """
         out: dict[str, Any] = {"method": self.init, "seed": self.condinit_seed if self.condinit_seed is not None else seed}
         for name in self._OPTION_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
-        try:
-            from hf_condinit.config import CondInitConfig
-        except ImportError:  # pragma: no cover
-            return out
-        CondInitConfig.from_dict(dict(out))  # raises ValueError with the accepted values
+        from hf_condinit.config import CondInitConfig, check_options_apply
+
+        with user_errors():
+            CondInitConfig.from_dict(dict(out))  # raises with the accepted values
+            check_options_apply(out, attention=self.attention)
         return out
 
 
@@ -225,8 +451,6 @@ def flags_given(argv: list[str], names) -> set[str]:
 def parse_args_with_defaults(parser, argv: list[str] | None, defaults: dict[str, Any]):
     """Parse ``argv`` (a list of flags, or one ``.json`` path) into the parser's dataclasses, with ``defaults``
     replacing the dataclass defaults for every flag the user did not give."""
-    import sys
-
     argv = sys.argv[1:] if argv is None else list(argv)
     fields = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype)}
     unknown = set(defaults) - fields
@@ -280,10 +504,10 @@ def validate_deepspeed_config(training_args, cond_args: CondInitArguments | None
                 "norms included) and may JIT-compile its optimizer. Remove the block to use the Trainer's AdamW."
             )
     if problems:
-        raise ValueError(
-            f"The DeepSpeed config {training_args.deepspeed!r} contradicts the command-line flags:\n"
-            + "\n".join(problems)
-            + "\nSet those DeepSpeed values to \"auto\" (the Trainer fills them from the flags) or change the flags."
+        raise UsageError(
+            f"The DeepSpeed config {training_args.deepspeed!r} contradicts the command-line flags: "
+            + "; ".join(p.removeprefix("- ") for p in problems)
+            + ". Set those DeepSpeed values to \"auto\" (the Trainer fills them from the flags) or change the flags."
         )
 
 
@@ -316,11 +540,25 @@ except ImportError:  # pragma: no cover
 
 class CondInitTrainer(_Trainer):
     """``Trainer`` whose weight-decay groups exclude ``condinit_`` holders, biases and norms
-    (:func:`no_decay_parameter_names`). Everything else is the stock Trainer, including resuming."""
+    (:func:`no_decay_parameter_names`), which stops a run whose loss becomes non-finite
+    (:class:`hf_condinit.callbacks.NonFiniteLossCallback`, added to every instance) and which does not warn about
+    tied weights (``lm_head.weight``) that a checkpoint leaves out by design. Otherwise the stock Trainer."""
+
+    def __init__(self, *args, callbacks=None, **kwargs):
+        from .callbacks import NonFiniteLossCallback
+
+        super().__init__(*args, callbacks=[*(callbacks or []), NonFiniteLossCallback()], **kwargs)
 
     def get_decay_parameter_names(self, model) -> list[str]:
         skip = no_decay_parameter_names(model)
         return [n for n, _ in model.named_parameters() if n not in skip]
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        tied = set(getattr(self.model, "all_tied_weights_keys", None) or {})
+        if tied and set(load_result.missing_keys) <= tied:
+            self.model.tie_weights()
+            load_result = load_result._replace(missing_keys=[])
+        super()._issue_warnings_after_load(load_result)
 
 
 def make_condition_number_callback(cond_args: CondInitArguments, dataset, trainer=None):
@@ -357,9 +595,8 @@ def make_throughput_callback(cond_args: CondInitArguments, trainer):
 
 
 def setup_logging(training_args, logger_: logging.Logger | None = None) -> None:
-    """HF-example logging: one stdout handler, per-process level (main process: info, others: warning)."""
-    import sys
-
+    """HF-example logging: one stdout handler, per-process level (main process: info, others: warning), and quiet:
+    torch's and DeepSpeed's warnings that say nothing to act on are silenced (:func:`_silence_noise`)."""
     import datasets
     import transformers
 
@@ -374,6 +611,36 @@ def setup_logging(training_args, logger_: logging.Logger | None = None) -> None:
     transformers.utils.logging.set_verbosity(max(log_level, logging.WARNING))
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
+    if training_args.disable_tqdm:  # the user asked for no progress bars: the data pipeline's too
+        datasets.disable_progress_bars()
+    _silence_noise()
+
+
+def _silence_noise() -> None:
+    """Warnings every CPU run printed although nothing was wrong: pinned memory without an accelerator (the scripts
+    also default ``--dataloader_pin_memory`` off there) and DeepSpeed's accelerator auto-detection lines."""
+    warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator.*")
+    _defer_deepspeed_import()
+
+
+def _defer_deepspeed_import() -> None:
+    """Do not import DeepSpeed in a run without ``--deepspeed`` (seconds of start-up and its "Setting accelerator"
+    lines): accelerate's ``unwrap_model`` imports it whenever it is installed, only to test whether the model is a
+    ``DeepSpeedEngine``. A model can only be one once DeepSpeed is imported (``--deepspeed`` imports it while
+    parsing), so that test is asked first."""
+    try:
+        import accelerate.utils.other as accelerate_other
+    except ImportError:  # pragma: no cover
+        return
+    available = accelerate_other.is_deepspeed_available
+    if getattr(available, "deferred", False):
+        return
+
+    def imported_and_available() -> bool:
+        return "deepspeed" in sys.modules and available()
+
+    imported_and_available.deferred = True
+    accelerate_other.is_deepspeed_available = imported_and_available
 
 
 def select_splits(lm_datasets, training_args, max_train_samples: int | None = None, max_eval_samples: int | None = None):
@@ -441,16 +708,45 @@ def parse_config_overrides(text: str | None, reference_config) -> dict[str, Any]
 
 
 def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -> str | None:
-    """The newest ``checkpoint-*`` directory in ``--output_dir`` when training (``--do_train``) into an existing
-    directory, else ``None``; logs that training resumes there unless ``--resume_from_checkpoint`` is given."""
-    if not (training_args.do_train and os.path.isdir(training_args.output_dir)):
-        return None
+    """The checkpoint to resume from, by the policy that a rerun never destroys an earlier run. Call it before any
+    data or model work; pass its result to ``trainer.train(resume_from_checkpoint=...)``.
+
+    - ``--resume_from_checkpoint DIR`` (or ``last``/``latest``/``true``: the newest ``checkpoint-*`` in
+      ``--output_dir``): that checkpoint; a missing one is a :class:`UsageError`.
+    - not training, or ``--output_dir`` missing or empty: ``None`` (a fresh run).
+    - ``--output_dir`` holds ``checkpoint-*`` of an unfinished run (no ``train_results.json``): the newest one;
+      the run **resumes**, and says so in one line (with how to start over instead).
+    - ``--output_dir`` holds a finished run, or files without a checkpoint: :class:`UsageError` naming both ways
+      on (a new ``--output_dir``, or ``--resume_from_checkpoint`` to continue that run).
+    """
     from transformers.trainer_utils import get_last_checkpoint
 
-    last_checkpoint = get_last_checkpoint(training_args.output_dir)
-    if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
-        (logger_ or logger).info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
-    return last_checkpoint
+    out = training_args.output_dir
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("last", "latest", "true"):
+        found = get_last_checkpoint(out) if os.path.isdir(out) else None
+        if found is None:
+            raise UsageError(f"--resume_from_checkpoint {resume}: no checkpoint-* in --output_dir {out}.")
+        return found
+    if resume is not None:
+        if not os.path.isdir(resume):
+            raise UsageError(f"--resume_from_checkpoint {resume!r} is not a directory.")
+        return resume
+    if not training_args.do_train or not os.path.isdir(out) or not os.listdir(out):
+        return None
+    last = get_last_checkpoint(out)
+    if last is not None and not os.path.exists(os.path.join(out, "train_results.json")):
+        (logger_ or logger).warning(
+            f"--output_dir {out} holds an unfinished run: resuming from {last} (for a fresh run, pass a new "
+            f"--output_dir or delete {out})."
+        )
+        return last
+    what = "a finished run" if os.path.exists(os.path.join(out, "train_results.json")) else "files but no checkpoint"
+    hint = f"--resume_from_checkpoint {last}" if last else "--resume_from_checkpoint <checkpoint>"
+    raise UsageError(
+        f"--output_dir {out} already holds {what}; pass a new --output_dir (or delete that one), or {hint} to "
+        f"continue it."
+    )
 
 
 def log_deepspeed(trainer, training_args, logger_: logging.Logger | None = None) -> None:
@@ -499,23 +795,32 @@ def evaluate_with_perplexity(trainer, eval_dataset) -> dict:
     return metrics
 
 
-def parse_and_set_up(dataclass_types, argv: list[str] | None, logger_: logging.Logger | None = None):
-    """Parse ``argv`` (``sys.argv[1:]`` when ``None``; flags or one ``.json``) into ``dataclass_types`` (one of
-    them :class:`CondInitArguments`, the last a ``TrainingArguments``), check the DeepSpeed config against the flags,
-    set up logging and log the training arguments.
+def parse_and_set_up(
+    dataclass_types,
+    argv: list[str] | None,
+    logger_: logging.Logger | None = None,
+    output_prefix: str | Callable[[tuple], str] | None = None,
+    defaults: dict[str, Any] | None = None,
+):
+    """The start of every script: :func:`parse_script_args` (``argv``: ``sys.argv[1:]`` when ``None``; flags or one
+    ``.json``) into ``dataclass_types`` (one of them :class:`CondInitArguments`, the last a ``TrainingArguments``),
+    then: without ``--output_dir``, ``default_output_dir(output_prefix, ...)`` (``output_prefix`` may be a function
+    of the parsed tuple); the DeepSpeed config checked against the flags; logging set up; the training arguments
+    logged at info level. Raises :class:`UsageError` for every user error found.
 
     Returns ``(dataclasses, attention_given)``: the parsed tuple, and whether ``--attention`` was given explicitly
     (a loaded checkpoint otherwise keeps the attention implementation it was saved with)."""
-    import sys
-
     from transformers import HfArgumentParser
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parsed = parse_args_with_defaults(HfArgumentParser(dataclass_types), argv, {})
+    parsed, given = parse_script_args(HfArgumentParser(dataclass_types), argv, defaults)
     cond_args = next(a for a in parsed if isinstance(a, CondInitArguments))
     training_args = parsed[-1]
+    if output_prefix is not None and "output_dir" not in given:
+        prefix = output_prefix(parsed) if callable(output_prefix) else output_prefix
+        model = next((getattr(a, "model_name_or_path") for a in parsed if hasattr(a, "model_name_or_path")), None)
+        training_args.output_dir = default_output_dir(prefix, cond_args, model)
     if training_args.deepspeed:
         validate_deepspeed_config(training_args, cond_args)
     setup_logging(training_args, logger_)
     (logger_ or logger).info(f"Training/evaluation parameters {training_args}")
-    return parsed, "attention" in flags_given(argv, ["attention"])
+    return parsed, "attention" in given

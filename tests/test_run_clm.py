@@ -21,6 +21,9 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config  # noq
 import hf_condinit  # noqa: E402,F401
 from hf_condinit.registry import ATTENTION_VARIANTS  # noqa: E402
 
+from hf_condinit.callbacks import NonFiniteLossError  # noqa: E402
+from hf_condinit.scripts_common import UsageError, run_main  # noqa: E402
+
 from utils import REPO, TINYSTORIES, gpt2_conditioned_checks, load_script, needs  # noqa: E402
 
 needs_tinystories = needs(TINYSTORIES)
@@ -124,30 +127,60 @@ def test_resume_restores_alpha_ma(ts_file, tmp_path):
 
 
 def test_synthetic_default_runs_and_reports_accuracy(tmp_path):
-    run_clm.main(_common(tmp_path) + [
+    argv = _common(tmp_path) + [
         "--init", "conditioned", "--max_steps", "3", "--synthetic_train_examples", "128", "--synthetic_eval_examples", "32",
-    ])  # fmt: skip
-    ev = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    ]  # fmt: skip
+    run_clm.main(argv)
+    ev_file = tmp_path / "out" / "eval_results.json"
+    ev = json.loads(ev_file.read_text())
     assert 0.0 <= ev["eval_recall_accuracy"] <= 1.0 and math.isfinite(ev["perplexity"])
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert model.config.n_layer == 2 and model.config.vocab_size == 3 + 32 + 32
+    # issue 11 item 10: the same command again must not silently redo (and overwrite) the finished run
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
+    with pytest.raises(UsageError, match=r"already holds a finished run; pass a new --output_dir .* or "
+                                         r"--resume_from_checkpoint"):
+        run_clm.main(argv)
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()} == before
 
 
 def test_defaults_apply_only_when_not_given(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # every help string must format (a bare '%' breaks argparse)
         run_clm.parse(["--help"])
     assert exit_info.value.code == 0 and "--log_condition_number_every" in capsys.readouterr().out
-    m, d, c, t = run_clm.parse([])
-    assert d.synthetic and t.output_dir == "runs/clm-default" and t.max_steps == 600 and t.do_train and t.do_eval
+    (m, d, c, t), _ = run_clm.parse([])
+    assert d.synthetic and t.max_steps == 600 and t.do_train and t.do_eval
     assert (t.adam_beta1, t.adam_beta2, t.weight_decay, t.max_grad_norm) == (0.9, 0.95, 0.1, 1.0)
     assert t.lr_scheduler_type == "cosine" and t.warmup_steps == 0.05 and c.init == "default"
-    m, d, c, t = run_clm.parse(["--train_file", "x.txt", "--weight_decay", "0.0", "--adam-beta2", "0.99", "--do_eval"])
-    assert t.weight_decay == 0.0 and t.adam_beta2 == 0.99 and t.max_steps == -1 and t.output_dir == "runs/clm"
+    assert t.save_strategy == "no" and not t.logging_nan_inf_filter
+    (m, d, c, t), _ = run_clm.parse(["--train_file", "x.txt", "--weight_decay", "0.0", "--adam-beta2", "0.99", "--do_eval"])
+    assert t.weight_decay == 0.0 and t.adam_beta2 == 0.99 and t.max_steps == -1
     assert t.do_eval and not t.do_train and t.learning_rate == 3e-4
     cfg = tmp_path / "args.json"
     cfg.write_text(json.dumps({"train_file": "x.txt", "weight_decay": 0.0, "output_dir": str(tmp_path / "o"), "init": "mimetic"}))
-    m, d, c, t = run_clm.parse([str(cfg)])
+    (m, d, c, t), _ = run_clm.parse([str(cfg)])
     assert t.weight_decay == 0.0 and t.adam_beta2 == 0.95 and t.lr_scheduler_type == "cosine" and c.init == "mimetic"
+    assert t.output_dir == str(tmp_path / "o")
+
+
+def test_each_arm_gets_its_own_default_output_dir():
+    """Issue 11 item 10: every --init/--attention/spectral arm had the same default folder (runs/clm-default)."""
+    dirs = {run_clm.parse(arm)[0][3].output_dir for arm in (
+        [], ["--init", "conditioned"], ["--init", "mimetic"], ["--attention", "affine_scaled"],
+        ["--init", "conditioned", "--spectral_lambda", "10"],
+    )}  # fmt: skip
+    assert len(dirs) == 5 and "runs/clm-synthetic-conditioned-sdpa" in dirs
+    assert run_clm.parse(["--train_file", "x.txt", "--init", "conditioned"])[0][3].output_dir == "runs/clm-conditioned-sdpa"
+
+
+def test_a_flag_given_takes_effect_over_the_embedded_defaults():
+    """Issue 11 item 11: --save_steps 20 alone saved nothing on the embedded default (its save_strategy 'no')."""
+    t = run_clm.parse(["--save_steps", "20"])[0][3]
+    assert t.save_strategy == "steps" and t.save_steps == 20
+    t = run_clm.parse(["--eval_steps", "5"])[0][3]
+    assert t.eval_strategy == "steps" and t.eval_steps == 5
+    t = run_clm.parse(["--save_steps", "20", "--save_strategy", "epoch"])[0][3]
+    assert t.save_strategy == "epoch"  # an explicit strategy still wins
 
 
 def test_no_decay_groups(tmp_path):
@@ -218,7 +251,23 @@ def test_bad_input_errors(tmp_path, no_work):
         (["--train_file", str(text), "--validation_file", str(empty)], "is empty"),
         (["--train_file", str(text), "--model_config", "gpt2-tiny", "--block_size", "512"], "larger than the model's context"),
         (["--train_file", str(text), "--model_config", "no-such-config"], "not a config"),
-        (["--init", "fancy"], "unknown --init"),
+        (["--init", "fancy"], r"unknown --init 'fancy'; choose one of: default, mimetic, conditioned, orthogonal "
+                              r"\(alias of conditioned\)"),
+        # issue 11 item 17: options the method / attention never reads
+        (["--init", "mimetic", "--value_init", "per_head"], "value_init is read by method 'conditioned' only"),
+        (["--init", "conditioned", "--mimetic_beta1", "0.2"], "mimetic_beta1 is read by method 'mimetic' only"),
+        (["--affine_rho", "0.5"], "affine_rho is read by attention 'affine_scaled' only, not 'sdpa'"),
+        (["--spectral_mode", "svd"], "spectral_mode is read only with spectral_lambda set"),
+        # issue 11 item 16: attention implementations that cannot run here / on GPT-2
+        (["--attention", "flash_attention_2"], "needs a GPU"),
+        (["--attention", "flex_attention"], "GPT2LMHeadModel does not support .*flex_attention"),
+        (["--attention", "paged|eager"], "continuous batching"),
+        # issue 11 item 19: a loaded model is never re-initialised
+        (["--model_name_or_path", str(tmp_path), "--train_file", str(text), "--init", "conditioned"],
+         "--init cannot be used with --model_name_or_path"),
+        (["--model_name_or_path", str(tmp_path), "--train_file", str(text), "--qk_gain", "2"],
+         "--qk_gain cannot be used with --model_name_or_path"),
+        (["--train_file", str(text), "--torch_dtype", "bfloat16"], "--torch_dtype is for loading a model"),
         (["--attention", "flashy"], "unknown --attention"),
         (["--init", "conditioned", "--value_init", "diagonal"], "value_init"),
         (["--train_file", str(text), "--deepspeed", str(ds_bf16)], "bf16"),
@@ -229,6 +278,97 @@ def test_bad_input_errors(tmp_path, no_work):
         (["--train_file", str(text), "--resume_from_checkpoint", str(tmp_path / "nope")], "not a directory"),
     ]
     for argv, message in cases:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(UsageError, match=message):
             run_clm.main(_common(tmp_path) + argv)
         unset_hf_deepspeed_config()
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def restore_env():
+    """``--deepspeed`` without a launcher sets RANK/WORLD_SIZE/...: do not leak them to other tests."""
+    saved = dict(os.environ)
+    yield
+    unset_hf_deepspeed_config()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_bad_data_gets_one_line_naming_the_file_and_leaves_nothing(tmp_path, capsys, monkeypatch, restore_env):
+    """Issue 11 items 13 and 14: random bytes, a 5-line file, a malformed DeepSpeed JSON and a JSONL with too few
+    tokens each print one line naming the file, exit 2, build no model and leave no output folder."""
+
+    def boom(*a, **k):
+        raise AssertionError("a model was built before the data was validated")
+
+    monkeypatch.setattr(run_clm.AutoModelForCausalLM, "from_config", boom)
+    random_bytes = tmp_path / "random.txt"
+    random_bytes.write_bytes(bytes(range(256)) * 8)
+    five = tmp_path / "five.txt"
+    five.write_text("".join(f"line {i} of a tiny file\n" for i in range(5)))
+    bad_ds = tmp_path / "ds.json"
+    bad_ds.write_text('{"zero_optimization": {"stage": 2,}}')
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(100)))
+    text_flags = ["--model_config", "gpt2-tiny", "--block_size", "64", "--tokenizer_vocab_size", "300"]
+    cases = [
+        (["--train_file", str(random_bytes)], r"--train_file '.*random\.txt' is not UTF-8 text \(bad byte at offset 128\)"),
+        (["--train_file", str(five)], r"--train_file '.*five\.txt' has 5 rows, so 5 % held out for validation is no row"),
+        (["--train_file", str(five), "--deepspeed", str(bad_ds)], r"--deepspeed '.*ds\.json' is not valid JSON"),
+        (["--train_file", str(rows)], r"--train_file '.*rows\.jsonl'.* has \d+ tokens, fewer than one block of 64"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            run_main(run_clm.main, _common(tmp_path) + text_flags + argv, prog="run_clm.py")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1, err
+        assert err[0].startswith("run_clm.py: error: ") and __import__("re").search(message, err[0]), err[0]
+        assert not (tmp_path / "out").exists(), f"{argv} left {list((tmp_path / 'out').rglob('*'))}"
+
+
+def test_a_real_bug_keeps_its_traceback(monkeypatch):
+    def bug(*a, **k):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(run_clm, "parse", bug)
+    with pytest.raises(KeyError):
+        run_main(run_clm.main, [], prog="run_clm.py")
+
+
+def test_deepspeed_without_accelerator_takes_the_cpu_path(tmp_path, capsys, restore_env):
+    """Issue 11 item 15: without --use_cpu on a machine with no GPU, DeepSpeed failed on a batch-size mismatch."""
+    from hf_condinit.scripts_common import has_accelerator
+
+    if has_accelerator():
+        pytest.skip("this machine has an accelerator")
+    (m, d, c, t), _ = run_clm.parse(["--train_file", "x.txt", "--deepspeed", str(REPO / "ds_configs" / "zero2.json"),
+                                     "--output_dir", str(tmp_path)])
+    assert t.use_cpu and not t.dataloader_pin_memory
+    assert "No GPU found: running DeepSpeed on the CPU" in capsys.readouterr().err
+
+
+def test_non_finite_option_never_ends_in_success(tmp_path):
+    """Issue 11 item 9: --qk_gain nan exited 0 with "perplexity": NaN. It must be refused (UsageError) or stop the run
+    (NonFiniteLossError), and write no results."""
+    with pytest.raises((UsageError, NonFiniteLossError)):
+        run_clm.main(_common(tmp_path) + [
+            "--init", "conditioned", "--qk_gain", "nan", "--max_steps", "2", "--logging_steps", "1",
+            "--synthetic_train_examples", "64", "--synthetic_eval_examples", "16",
+        ])  # fmt: skip
+    assert not (tmp_path / "out" / "eval_results.json").exists()
+
+
+@needs_tinystories
+def test_continue_pretraining_from_a_saved_model(ts_file, tmp_path):
+    """Issue 11 item 19: --model_name_or_path (and --torch_dtype) continue a saved run on new data, with its own
+    tokenizer and its weights as loaded (lr 0: the result equals the loaded model bit for bit)."""
+    run_clm.main(_text_args(ts_file, tmp_path, out="first", steps=2) + ["--init", "conditioned", "--do_train"])
+    second = [a for a in _text_args(ts_file, tmp_path, out="second", steps=2) if a not in ("gpt2-tiny", "--model_config")]
+    second = [a for i, a in enumerate(second) if not (a == "--tokenizer_vocab_size" or second[i - 1] == "--tokenizer_vocab_size")]
+    run_clm.main(second + ["--model_name_or_path", str(tmp_path / "first"), "--torch_dtype", "float32",
+                           "--learning_rate", "0", "--do_train"])
+    first = load_file(tmp_path / "first" / "model.safetensors")
+    after = load_file(tmp_path / "second" / "model.safetensors")
+    assert first.keys() == after.keys() and all(torch.equal(first[k], after[k]) for k in first)
+    assert not (tmp_path / "second" / "bpe_tokenizer").exists()  # the model's own tokenizer was used
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "second").config.condinit["method"] == "conditioned"

@@ -269,17 +269,18 @@ def test_run_glue_bad_inputs(checkpoint, tmp_path):
     lines = (GLUE / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[:6]
     lines[4] = lines[4].rsplit("\t", 1)[0]  # drop the label field of data row 4 (file line 5)
     bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with pytest.raises(GlueFormatError, match=r"train\.tsv:5: expected 4 tab-separated fields, found 3"):
+    # user errors: UsageError (a ValueError) with the reader's message; run_main prints it as one line, exit 2
+    with pytest.raises(ValueError, match=r"train\.tsv:5: expected 4 tab-separated fields, found 3"):
         run_glue.main([
             "--model_name_or_path", checkpoint, "--task_name", "rte", "--train_file", str(bad),
             "--validation_file", str(GLUE / "RTE" / "dev.tsv"), "--output_dir", str(tmp_path / "o"), *COMMON,
         ])
-    with pytest.raises(GlueFormatError, match=r"test\.tsv:1: missing label column for task rte"):
+    with pytest.raises(ValueError, match=r"test\.tsv:1: missing label column for task rte"):
         run_glue.main([
             "--model_name_or_path", checkpoint, "--task_name", "rte", "--train_file", str(GLUE / "RTE" / "train.tsv"),
             "--validation_file", str(GLUE / "RTE" / "test.tsv"), "--output_dir", str(tmp_path / "o2"), *COMMON,
         ])
-    with pytest.raises(FileNotFoundError, match="missing.tsv"):
+    with pytest.raises(ValueError, match="missing.tsv"):
         run_glue.main([
             "--model_name_or_path", checkpoint, "--task_name", "rte", "--train_file", str(tmp_path / "missing.tsv"),
             "--output_dir", str(tmp_path / "o3"), *COMMON,

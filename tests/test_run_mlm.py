@@ -90,22 +90,22 @@ def test_run_mlm_continue_from_checkpoint_on_wikitext(story_file, tmp_path):
 
 def test_run_mlm_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="needs --train_file"):
-        run_mlm.main(["--output_dir", str(tmp_path), "--do_train"])
+        run_mlm.main(["--output_dir", str(tmp_path / "o"), "--do_train"])
     with pytest.raises(ValueError, match=r"--train_file '.*missing\.txt' does not exist"):
-        run_mlm.main(["--train_file", str(tmp_path / "missing.txt"), "--do_train", "--output_dir", str(tmp_path)])
+        run_mlm.main(["--train_file", str(tmp_path / "missing.txt"), "--do_train", "--output_dir", str(tmp_path / "o")])
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     with pytest.raises(ValueError, match=r"empty\.txt' is empty"):
-        run_mlm.main(["--train_file", str(empty), "--do_train", "--output_dir", str(tmp_path)])
+        run_mlm.main(["--train_file", str(empty), "--do_train", "--output_dir", str(tmp_path / "o")])
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n\n")
     with pytest.raises(ValueError, match="only whitespace"):
-        run_mlm.main(["--train_file", str(blank), "--do_train", "--output_dir", str(tmp_path)])
+        run_mlm.main(["--train_file", str(blank), "--do_train", "--output_dir", str(tmp_path / "o")])
     text = tmp_path / "t.txt"
     text.write_text("Some real words here.\nAnd a second line.\n" * 50)
     with pytest.raises(ValueError, match="has no attribute 'num_layers'"):
         run_mlm.main(["--train_file", str(text), "--config_overrides", "num_layers=2", "--do_train",
-                      "--output_dir", str(tmp_path)])
+                      "--output_dir", str(tmp_path / "o")])
 
 
 @pytest.mark.slow
@@ -154,3 +154,24 @@ def test_parse_config_overrides_casts_with_the_reference_types():
                          ("num_hidden_layers=two", "is not int")]:
         with pytest.raises(ValueError, match=message):
             parse_config_overrides(bad, ref)
+
+
+def test_default_output_dir_per_arm_and_loaded_model_flags(tmp_path):
+    """Issue 11 items 10 and 19 for run_mlm.py / run_glue.py: one default folder per arm (HF's default was the
+    shared 'trainer_output'); --init with a loaded model is refused instead of ignored with a warning."""
+    from hf_condinit.scripts_common import UsageError
+
+    run_glue = load_script("run_glue.py")
+    assert run_mlm.parse(["--train_file", "x.txt"])[0][3].output_dir == "runs/mlm-default-sdpa"
+    assert run_mlm.parse(["--train_file", "x.txt", "--init", "conditioned", "--attention", "affine_scaled"])[0][3] \
+        .output_dir == "runs/mlm-conditioned-affine_scaled"
+    assert run_glue.parse(["--task_name", "rte", "--model_name_or_path", "out/mlm_c"])[0][3].output_dir \
+        == "runs/glue-rte-from-mlm_c-sdpa"
+    assert run_glue.parse(["--glue_suite"])[0][3].output_dir == "runs/glue-suite-default-sdpa"
+    with pytest.raises(UsageError, match="--init cannot be used with --model_name_or_path"):
+        run_glue.parse(["--task_name", "rte", "--model_name_or_path", "out/mlm_c", "--init", "conditioned"])
+    with pytest.raises(UsageError, match="--init cannot be used with --model_name_or_path"):
+        run_mlm.main(["--train_file", "x.txt", "--model_name_or_path", "out/mlm_c", "--init", "mimetic",
+                      "--output_dir", str(tmp_path / "o")])
+    with pytest.raises(UsageError, match="value_init is read by method 'conditioned' only"):
+        run_glue.parse(["--task_name", "rte", "--init", "mimetic", "--value_init", "per_head"])

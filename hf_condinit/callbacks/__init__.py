@@ -4,6 +4,7 @@
 - :mod:`.condition_number`: :class:`ConditionNumberCallback`, log the attention-Jacobian condition number;
 - :mod:`.report`: :class:`RunReportCallback`, write ``loss.png``, ``kappa.png`` and the model card when training ends.
 - :mod:`.throughput`: :class:`ThroughputCallback`, tokens/s, MFU and peak accelerator memory on every log line.
+- :mod:`.non_finite`: :class:`NonFiniteLossCallback`, stop a run whose loss becomes NaN/inf with an error.
 """
 
 from .condition_number import (
@@ -16,6 +17,7 @@ from .condition_number import (
 from .init import ConditionedInitCallback
 from .report import RunReportCallback
 from .throughput import ThroughputCallback, add_throughput_callback
+from .non_finite import NonFiniteLossCallback, NonFiniteLossError
 
 __all__ = [
     "DEFAULT_EVERY_N_STEPS",
@@ -26,5 +28,7 @@ __all__ = [
     "RunReportCallback",
     "ThroughputCallback",
     "add_throughput_callback",
+    "NonFiniteLossCallback",
+    "NonFiniteLossError",
     "build_probe",
 ]

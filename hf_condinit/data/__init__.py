@@ -21,6 +21,7 @@ from .text import (
     group_texts,
     load_raw_datasets,
     pack_datasets,
+    split_sources,
     tokenize_datasets,
 )
 from .tokenizer import batch_iterator, train_bpe_tokenizer
@@ -37,6 +38,7 @@ __all__ = [
     "group_texts",
     "load_raw_datasets",
     "pack_datasets",
+    "split_sources",
     "tokenize_datasets",
     "batch_iterator",
     "train_bpe_tokenizer",

@@ -3,8 +3,9 @@
 Shared by ``run_clm.py`` and ``run_mlm.py``. Mirrors the Hugging Face example scripts, with the checks they lack:
 
 - local ``txt``-like files (``.txt``, ``.text``, ``.raw``, ``.tokens``) through the ``datasets`` ``text`` builder,
-  ``.json`` / ``.jsonl`` through the ``json`` builder; anything else, a missing file or an empty file raises a
-  ``ValueError`` naming the file before any work is done;
+  ``.json`` / ``.jsonl`` through the ``json`` builder; anything else, a missing, empty or non-UTF-8 file raises a
+  ``ValueError`` naming the file before any work is done, and so does a file ``datasets`` cannot parse (the
+  reader's own message, one line); a validation split that would be empty names the file and the fix;
 - blank lines: the ``text`` builder keeps them as empty rows (WikiText has one between every paragraph);
   rows whose text is only whitespace are dropped (``drop_blank=True``), after the validation split is taken, so
   the split boundary does not depend on that choice;
@@ -17,6 +18,7 @@ Shared by ``run_clm.py`` and ``run_mlm.py``. Mirrors the Hugging Face example sc
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import logging
 import os
@@ -32,6 +34,7 @@ __all__ = [
     "JSON_EXTENSIONS",
     "check_data_file",
     "load_raw_datasets",
+    "split_sources",
     "drop_blank_rows",
     "tokenize_datasets",
     "group_texts",
@@ -43,7 +46,7 @@ def check_data_file(path: str, arg_name: str = "train_file") -> str:
     """Validate a local data file; return the ``datasets`` builder name (``"text"`` or ``"json"``).
 
     Raises ``ValueError`` (with the flag name and the path) when the file is missing, is a directory, is empty
-    or whitespace-only, or has an extension that is not supported.
+    or whitespace-only, is not UTF-8 text, or has an extension that is not supported. Reads the file once.
     """
     if not os.path.exists(path):
         raise ValueError(f"--{arg_name} {path!r} does not exist.")
@@ -61,13 +64,25 @@ def check_data_file(path: str, arg_name: str = "train_file") -> str:
         )
     if os.path.getsize(path) == 0:
         raise ValueError(f"--{arg_name} {path!r} is empty.")
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, blank = 0, True
     with open(path, "rb") as f:
-        head = f.read(1 << 20)
-    if not head.strip():
-        # a file of only whitespace (possibly > 1 MiB of it): check the rest too
-        with open(path, "rb") as f:
-            if not any(chunk.strip() for chunk in iter(lambda: f.read(1 << 20), b"")):
-                raise ValueError(f"--{arg_name} {path!r} contains only whitespace.")
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"--{arg_name} {path!r} is not UTF-8 text (bad byte at offset {offset + err.start}); "
+                    f"convert it to UTF-8 or pass another file."
+                ) from None
+            blank = blank and not chunk.strip()
+            offset += len(chunk)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise ValueError(f"--{arg_name} {path!r} is not UTF-8 text (truncated at the end).") from None
+    if blank:
+        raise ValueError(f"--{arg_name} {path!r} contains only whitespace.")
     return builder
 
 
@@ -152,9 +167,16 @@ def load_raw_datasets(
         kwargs = dict(common)
         if builder == "text":
             kwargs["keep_linebreaks"] = keep_linebreaks
-        raw = load_dataset(builder, data_files=data_files, **kwargs)
+        raw = _load_local(builder, data_files, kwargs)
         if "validation" not in raw and validation_split_percentage > 0:
             pct = validation_split_percentage
+            n_rows = len(raw["train"])
+            n_val = round(n_rows * pct / 100)  # datasets' "train[:p%]" rounding
+            if n_val == 0:
+                raise ValueError(
+                    f"--train_file {train_file!r} has {n_rows} rows, so {pct:g} % held out for validation is no row; "
+                    f"pass --validation_file, a larger --validation_split_percentage, or more data."
+                )
             raw = DatasetDict(
                 validation=load_dataset(builder, data_files=data_files, split=f"train[:{pct}%]", **kwargs),
                 train=load_dataset(builder, data_files=data_files, split=f"train[{pct}%:]", **kwargs),
@@ -172,6 +194,38 @@ def load_raw_datasets(
                 "pass a bigger --validation_split_percentage or a --validation_file"
             )
     return raw, column
+
+
+def split_sources(
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    dataset_name: str | None = None,
+    validation_split_percentage: float = 5,
+) -> dict[str, str]:
+    """How to name each split in an error message: ``{"train": "--train_file 'a.txt'", "validation": ...}``."""
+    train = f"--train_file {train_file!r}" if train_file else f"--dataset_name {dataset_name!r}"
+    if validation_file:
+        validation = f"--validation_file {validation_file!r}"
+    else:
+        validation = f"the validation part of {train} (--validation_split_percentage {validation_split_percentage:g})"
+    return {"train": train, "validation": validation}
+
+
+def _load_local(builder: str, data_files: dict, kwargs: dict):
+    """``load_dataset`` on local files; a file the reader cannot parse (malformed JSON, ...) becomes one
+    ``ValueError`` naming the files and the reader's own message."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return load_dataset(builder, data_files=data_files, **kwargs)
+    except DatasetGenerationError as err:
+        cause = err
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__
+        message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        files = " / ".join(repr(f) for f in data_files.values())
+        raise ValueError(f"could not read {files} as {builder}: {message}; fix the file or pass another.") from None
 
 
 def tokenize_datasets(
@@ -231,10 +285,12 @@ def pack_datasets(
     add_labels: bool = True,
     map_batch_size: int = 1000,
     main_process_first: Callable[[], contextlib.AbstractContextManager] | None = None,
+    sources: dict[str, str] | None = None,
 ):
-    """Apply :func:`group_texts` to every split and check the training split holds at least one block.
+    """Apply :func:`group_texts` to every split and check every split holds at least one block.
 
     Packing works per ``map_batch_size`` rows (as in HF ``run_clm``), so each map batch drops its own remainder.
+    ``sources``: split → how to name it in the error (e.g. ``{"train": "--train_file 'a.txt'"}``).
     """
     ctx = main_process_first or contextlib.nullcontext
     any_split = next(iter(tokenized.values()))
@@ -251,8 +307,10 @@ def pack_datasets(
     for split in packed:
         if hasattr(packed[split], "num_rows") and packed[split].num_rows == 0:
             n_tok = sum(len(x) for x in tokenized[split]["input_ids"])
-            raise ValueError(
-                f"the {split} split has {n_tok} tokens, fewer than one block of --block_size {block_size} "
-                f"per {map_batch_size} rows; give more data or a smaller --block_size"
-            )
+            source = (sources or {}).get(split, f"the {split} split")
+            if n_tok < block_size:
+                detail = f"{n_tok} tokens, fewer than one block of {block_size}"
+            else:
+                detail = f"{n_tok} tokens, but no group of {map_batch_size} rows fills a block of {block_size}"
+            raise ValueError(f"{source} has {detail}; give more text or a smaller block size (--block_size).")
     return packed

@@ -1,0 +1,173 @@
+"""The pieces every script shares (hf_condinit.scripts_common, hf_condinit.callbacks.non_finite): the resume-or-stop
+policy, user errors, the non-finite-loss stop, quiet resumes, report_to tensorboard, option applicability, and a
+run of run_clm.py as a user starts it (nothing but what a user needs on the terminal)."""
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
+
+import hf_condinit  # noqa: F401
+from hf_condinit.callbacks import NonFiniteLossCallback, NonFiniteLossError
+from hf_condinit.config import CondInitConfig, check_options_apply
+from hf_condinit.scripts_common import CondInitTrainer, UsageError, find_last_checkpoint, run_main, user_errors
+
+from utils import REPO
+
+
+def _args(output_dir, do_train=True, resume=None):
+    return SimpleNamespace(output_dir=str(output_dir), do_train=do_train, resume_from_checkpoint=resume)
+
+
+def test_find_last_checkpoint_resumes_an_unfinished_run_and_refuses_a_finished_one(tmp_path, caplog):
+    out = tmp_path / "run"
+    assert find_last_checkpoint(_args(out)) is None  # no folder: a fresh run
+    out.mkdir()
+    assert find_last_checkpoint(_args(out)) is None  # empty folder: a fresh run
+    (out / "checkpoint-3").mkdir()
+    (out / "checkpoint-10").mkdir()
+    with caplog.at_level(logging.WARNING):
+        assert find_last_checkpoint(_args(out)) == str(out / "checkpoint-10")
+    assert "resuming from" in caplog.text and "pass a new --output_dir" in caplog.text
+    assert find_last_checkpoint(_args(out, do_train=False)) is None
+    assert find_last_checkpoint(_args(out, resume="last")) == str(out / "checkpoint-10")
+    (out / "train_results.json").write_text("{}")
+    with pytest.raises(UsageError, match=r"holds a finished run; pass a new --output_dir .*--resume_from_checkpoint "
+                                         r".*checkpoint-10 to continue it"):
+        find_last_checkpoint(_args(out))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_text("")
+    with pytest.raises(UsageError, match="holds files but no checkpoint"):
+        find_last_checkpoint(_args(other))
+    with pytest.raises(UsageError, match="no checkpoint-"):
+        find_last_checkpoint(_args(other, resume="last"))
+    with pytest.raises(UsageError, match="is not a directory"):
+        find_last_checkpoint(_args(other, resume=str(tmp_path / "nope")))
+
+
+def test_user_errors_exit_2_in_one_line_and_clean_up(tmp_path, capsys):
+    new_dir = tmp_path / "new"
+
+    def main(argv):
+        with user_errors(str(new_dir)):
+            new_dir.mkdir()
+            (new_dir / "bpe_tokenizer").mkdir()
+            raise FileNotFoundError("--train_file 'x.txt' does not exist.\nsecond line")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(main, [], prog="script.py")
+    assert exit_info.value.code == 2 and not new_dir.exists()
+    assert capsys.readouterr().err == "script.py: error: --train_file 'x.txt' does not exist. second line\n"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(UsageError):
+        with user_errors(str(kept)):
+            raise ValueError("bad")
+    assert kept.exists()  # a folder that was there before is never removed
+
+
+def _tiny_trainer(tmp_path, **kwargs):
+    cfg = GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=32, bos_token_id=0, eos_token_id=0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    data = [{"input_ids": torch.arange(8) % 32, "labels": torch.arange(8) % 32} for _ in range(16)]
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, report_to="none", max_steps=3,
+                             per_device_train_batch_size=4, logging_steps=1, save_strategy="no", disable_tqdm=True,
+                             **kwargs)
+    return CondInitTrainer(model=model, args=args, train_dataset=data)
+
+
+@pytest.mark.parametrize("nan_filter", [False, True])
+def test_non_finite_loss_stops_the_run_with_an_error(tmp_path, nan_filter):
+    """Issue 11 item 9: a NaN loss must end in an error, also under HF's default logging_nan_inf_filter (which
+    hides a NaN step loss; the NaN gradient norm is still logged)."""
+    trainer = _tiny_trainer(tmp_path, logging_nan_inf_filter=nan_filter)
+    assert any(isinstance(cb, NonFiniteLossCallback) for cb in trainer.callback_handler.callbacks)
+    with torch.no_grad():
+        trainer.model.transformer.h[0].attn.c_attn.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError, match=r"(loss|grad_norm) became nan at step 1"):
+        trainer.train()
+
+
+def test_non_finite_callback_reads_every_loss_key():
+    cb = NonFiniteLossCallback()
+    state = SimpleNamespace(global_step=5)
+    cb.on_log(None, state, None, logs={"loss": 1.0, "grad_norm": 2.0, "eval_loss": 3.0, "learning_rate": float("nan")})
+    for key in ("loss", "grad_norm", "eval_loss", "train_loss"):
+        with pytest.raises(NonFiniteLossError, match=f"{key} became inf at step 5"):
+            cb.on_log(None, state, None, logs={key: float("inf")})
+
+
+def test_resume_of_tied_weights_is_quiet(tmp_path):
+    """Issue 11 item 18: resuming GPT-2 warned "missing keys ['lm_head.weight']" (tied to wte; saved once)."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as hf_logging
+
+    trainer = _tiny_trainer(tmp_path)
+    result = trainer.model.load_state_dict(
+        {k: v for k, v in trainer.model.state_dict().items() if k != "lm_head.weight"}, strict=False
+    )
+    assert result.missing_keys == ["lm_head.weight"]
+    hf_logging.set_verbosity_warning()
+    try:
+        with CaptureLogger(hf_logging.get_logger("transformers.trainer")) as captured:
+            trainer._issue_warnings_after_load(result)
+            trainer._issue_warnings_after_load(result._replace(missing_keys=["transformer.wpe.weight"]))
+    finally:
+        hf_logging.set_verbosity_error()
+    assert "lm_head" not in captured.out and "transformer.wpe.weight" in captured.out  # a real gap still warns
+    assert trainer.model.lm_head.weight is trainer.model.transformer.wte.weight
+
+
+def test_report_to_tensorboard_works(tmp_path):
+    """Issue 11 item 12: TensorBoardCallback requires tensorboard, now a dependency (pyproject.toml)."""
+    from transformers.integrations import TensorBoardCallback
+
+    trainer = _tiny_trainer(tmp_path)
+    trainer.add_callback(TensorBoardCallback())
+    trainer.train()
+    assert list((tmp_path / "t").rglob("events.out.tfevents.*"))
+
+
+def test_options_the_method_does_not_read_are_refused():
+    """Issue 11 item 17, for library users' condinit dicts (an option at its default value is never refused, so a
+    stored config.condinit, which holds every option, still loads)."""
+    with pytest.raises(ValueError, match="value_init is read by method 'conditioned' only, not 'mimetic'"):
+        check_options_apply({"method": "mimetic", "value_init": "per_head"})
+    with pytest.raises(ValueError, match="precond_eps is read by attention 'preconditioned' only"):
+        check_options_apply({"method": "default", "precond_eps": 1e-3}, attention="sdpa")
+    check_options_apply({"method": "orthogonal", "value_init": "per_head", "qk_gain": 2.0})
+    check_options_apply({**CondInitConfig(method="mimetic").to_dict()}, attention="sdpa")
+    check_options_apply({"method": "default", "precond_eps": 1e-3})  # attention unknown: not judged
+    with pytest.raises(ValueError, match=r"'conditioned', 'orthogonal' \(alias of 'conditioned'\)"):
+        CondInitConfig(method="fancy")
+
+
+def test_a_run_prints_what_a_user_needs(tmp_path):
+    """Issue 11 item 18, as a user runs it: no pin_memory / loss_type / DeepSpeed lines, DeepSpeed not imported
+    without --deepspeed; the result line is there."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    code = (
+        "import sys, runpy; sys.argv = sys.argv[1:]\n"
+        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n    print('DEEPSPEED_IMPORTED', 'deepspeed' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "run_clm.py"), "--max_steps", "1", "--synthetic_train_examples", "32",
+         "--synthetic_eval_examples", "8", "--output_dir", str(tmp_path / "out"), "--report_to", "none"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    logs = proc.stdout + proc.stderr
+    assert proc.returncode == 0, logs[-3000:]
+    for noise in ("pin_memory", "loss_type", "Setting accelerator", "missing keys", "Traceback"):
+        assert noise not in logs, logs
+    assert "DEEPSPEED_IMPORTED False" in logs and "run_clm result (default, sdpa)" in logs
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert math.isfinite(results["perplexity"])
