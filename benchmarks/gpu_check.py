@@ -45,7 +45,6 @@ import sys
 import time
 import traceback
 
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() in the parent: fork-safe
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -260,7 +259,7 @@ def part_a(ctx: dict, record) -> None:
         props = torch.cuda.get_device_properties(device)
         env.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
                    memory_gib=round(props.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version(),
-                   driver_visible_devices=torch.cuda.device_count())
+                   visible_devices=torch.cuda.device_count())
     else:
         env.update(device_name=platform.processor() or platform.machine(), cpu_count=os.cpu_count())
     peak = peak_bf16_flops(device)
@@ -925,7 +924,7 @@ def main(argv=None) -> int:
     parser, args = parse_args(argv)
     if os.path.isdir(args.out) and os.listdir(args.out):
         parser.exit(2, f"gpu_check.py: --out {args.out} is not empty; give a new folder (nothing is overwritten)\n")
-    import torch  # no CUDA initialisation in this process (NVML-based check): the parts fork from it
+    import torch  # this process never touches CUDA: the parts fork from it
 
     import hf_condinit  # noqa: F401  imported once here, inherited by every forked part
 
@@ -933,7 +932,7 @@ def main(argv=None) -> int:
         parser.exit(2, "gpu_check.py: an import initialised CUDA in the parent process, so the forked parts could "
                        "not use the GPU; this is a bug of gpu_check.py, please report it\n")
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    if args.device.startswith("cuda") and not _cuda_visible():
         parser.exit(2, "gpu_check.py: no CUDA device visible to torch; run it on a GPU machine, or add --smoke "
                        "for the CPU check of the code paths\n")
     os.makedirs(os.path.join(args.out, "parts"), exist_ok=True)
@@ -953,6 +952,26 @@ def main(argv=None) -> int:
     failed = [p for p, v in result["parts"].items() if v.get("state") != "done"]
     bad_cases = [r for r in result["parts"].get("b", {}).get("rows", []) if r.get("kind") == "case" and not r["passed"]]
     return 1 if failed or bad_cases else 0
+
+
+def _cuda_probe() -> None:
+    import torch
+
+    os._exit(0 if torch.cuda.is_available() and torch.cuda.device_count() > 0 else 3)
+
+
+def _cuda_visible() -> bool:
+    """Whether torch sees a CUDA device, asked in a forked child: the parent must not even initialise the driver
+    (CUDA does not support ``fork`` after initialisation, and every part is a fork of the parent)."""
+    import multiprocessing
+
+    probe = multiprocessing.get_context("fork").Process(target=_cuda_probe, daemon=True)
+    probe.start()
+    probe.join(120)
+    if probe.is_alive():
+        probe.kill()
+        probe.join()
+    return probe.exitcode == 0
 
 
 def _with_context(fn, part: str, out: str):
