@@ -45,7 +45,6 @@ import sys
 import time
 import traceback
 
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() in the parent: fork-safe
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -64,7 +63,7 @@ TITLES = {
     "d": "d. training throughput (GPT-2 472M / 1.72B, bf16, Trainer)",
     "e": "e. init cost",
 }
-CAPS = {"a": 30, "b": 75, "c": 90, "d": 200, "e": 75}  # seconds, full mode: 470 s in all
+CAPS = {"a": 30, "b": 75, "c": 90, "d": 190, "e": 75}  # seconds, full mode: 460 s in all (+ ~15 s start-up)
 SMOKE_CAPS = dict.fromkeys(PARTS, 300)  # a safety net only: a smoke part takes seconds on an idle CPU
 VARIANTS = ("affine_scaled", "attention_sink", "preconditioned")
 SPEED_IMPLS = ("sdpa", "eager", "affine_scaled", "attention_sink", "preconditioned", "spectral")
@@ -137,7 +136,8 @@ def collect(out: str) -> dict:
 
 def write_report(out: str) -> dict:
     result = collect(out)
-    for name, text in (("gpu_check.json", json.dumps(result, indent=1, default=str)), ("gpu_check.md", markdown(result))):
+    texts = (("gpu_check.json", json.dumps(result, indent=1, default=str)), ("gpu_check.md", markdown(result)))
+    for name, text in texts:
         tmp = os.path.join(out, name + ".tmp")
         with open(tmp, "w") as f:
             f.write(text)
@@ -216,6 +216,17 @@ def _dtype(torch, name: str):
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
 
 
+def _warm_up(torch, device) -> None:
+    """One-time costs kept out of the timings: the CUDA context, LAPACK's first SVD (used by the init schemes)."""
+    torch.zeros(1, device=device)
+    torch.linalg.svd(torch.randn(8, 4))
+    _sync(torch, device)
+
+
+def _shape(config) -> str:
+    return f"{config.n_layer}×{config.n_embd} ({config.n_head} heads)"
+
+
 def _gpt2_json(size: str, smoke: bool) -> dict:
     """The assumed 472M / 1.72B GPT-2 shape (configs/), or its tiny smoke stand-in."""
     path = os.path.join(REPO, "configs", {"472m": "gpt2-472m.json", "1.72b": "gpt2-1.72b.json"}[size])
@@ -260,7 +271,7 @@ def part_a(ctx: dict, record) -> None:
         props = torch.cuda.get_device_properties(device)
         env.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
                    memory_gib=round(props.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version(),
-                   driver_visible_devices=torch.cuda.device_count())
+                   visible_devices=torch.cuda.device_count())
     else:
         env.update(device_name=platform.processor() or platform.machine(), cpu_count=os.cpu_count())
     peak = peak_bf16_flops(device)
@@ -521,10 +532,12 @@ def part_b(ctx: dict, record) -> None:
                     on_cpu = _build_family(torch, family, "sdpa", torch.float32, torch.device("cpu"), tiny=smoke,
                                            method=method, seed=0)
                     layout = get_layout(on_dev)
+                    written = ("q", "k", "v", "o") if method == "mimetic" else ("q", "k", "v")
                     worst, ortho = 0.0, 0.0
-                    for (_, blk_d), (_, blk_c) in zip(layout.attention_modules(on_dev), layout.attention_modules(on_cpu)):
+                    pairs = zip(layout.attention_modules(on_dev), layout.attention_modules(on_cpu))
+                    for (_, blk_d), (_, blk_c) in pairs:
                         pd, pc = layout.projections(blk_d), layout.projections(blk_c)
-                        for role in ("q", "k", "v", "o"):
+                        for role in written:  # the rest is HF's init, drawn from each device's own RNG
                             a, b = pd[role].weight.detach(), pc[role].weight.detach().to(dt)
                             worst = max(worst, (a.cpu().float() - b.float()).abs().max().item())
                         if method == "conditioned":
@@ -533,7 +546,7 @@ def part_b(ctx: dict, record) -> None:
                                 ortho = max(ortho, (w.T @ w - eye).abs().max().item())
                     ok = worst == 0.0 and (method != "conditioned" or ortho <= (1e-5 if dtype_name == "fp32" else 2e-2))
                     return dict(max_abs_err=worst, qTq_minus_I=ortho if method == "conditioned" else None, passed=ok,
-                                note="device build vs CPU build, q/k/v/o weights")
+                                note=f"device build vs CPU build, {'/'.join(written)} weights")
                 case(f"{method} init on the device vs CPU, {family}", dtype_name, run)
 
     # 5. builds under a default-device context: every tensor on that device (and on meta for "meta")
@@ -586,7 +599,8 @@ def part_c(ctx: dict, record) -> None:
             record(kind="speed", impl=r["impl"], seq=seq, batch=r["batch"], tokens_per_s=r["tokens_per_s"],
                    seconds=r["seconds"], peak_mem_bytes=r["peak_mem_bytes"],
                    throughput_vs_sdpa=r["tokens_per_s"] / base["tokens_per_s"],
-                   memory_vs_sdpa=(r["peak_mem_bytes"] / base["peak_mem_bytes"]) if base["peak_mem_bytes"] > 0 else None)
+                   memory_vs_sdpa=(r["peak_mem_bytes"] / base["peak_mem_bytes"]
+                                   if base["peak_mem_bytes"] > 0 else None))
         del rows
         if torch.device(ctx["device"]).type == "cuda":
             torch.cuda.empty_cache()
@@ -622,6 +636,7 @@ def part_d(ctx: dict, record) -> None:
            "master weights", optimizer="adamw_torch_fused" if device.type == "cuda" else "adamw_torch",
            gradient_checkpointing=False, runner="transformers.Trainer, one process",
            timing="hf_condinit.callbacks.ThroughputCallback (step time device-synchronised; warm-up window dropped)")
+    _warm_up(torch, device)
     first_arm_s = None
     for label, size, impl, init in TRAIN_ARMS:
         batch = (2 if smoke else 16) if size == "472m" else (2 if smoke else 8)
@@ -670,7 +685,8 @@ def part_d(ctx: dict, record) -> None:
         peak = ctx.get("peak_flops")
         mem = [h.get("throughput/peak_memory_gib") for h in windows if h.get("throughput/peak_memory_gib")]
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        record(kind="train", arm=label, size=size, attention=impl, init=init, batch=batch, seq=seq,
+        record(kind="train", arm=label, size=size, shape=_shape(config), attention=impl, init=init, batch=batch,
+               seq=seq,
                n_params=sum(p.numel() for p in model.parameters()), matmul_params=n, build_s=build_s,
                measured_steps=warmup * len(timed), tokens_per_s=tokens / seconds if seconds else None,
                seconds_per_step=seconds / (warmup * len(timed)) if timed else None,
@@ -702,6 +718,7 @@ def part_e(ctx: dict, record) -> None:
     from hf_condinit.perf import accelerator_memory, reset_accelerator_peak
 
     smoke, device = ctx["smoke"], torch.device(ctx["device"])
+    _warm_up(torch, device)
     for size in ("472m", "1.72b"):
         config = AutoConfig.for_model(**_gpt2_json(size, smoke))
         builds = {}
@@ -719,7 +736,7 @@ def part_e(ctx: dict, record) -> None:
             seconds = time.perf_counter() - t0
             memory = accelerator_memory(device)
             builds[method] = seconds
-            record(kind="build", size=size, method=method, seconds=seconds, dtype="fp32",
+            record(kind="build", size=size, shape=_shape(config), method=method, seconds=seconds, dtype="fp32",
                    n_params=sum(p.numel() for p in model.parameters()),
                    peak_allocated_gib=memory["peak_allocated"] / 2**30 if memory else None,
                    vs_default=seconds / builds["default"])
@@ -763,6 +780,7 @@ def markdown(result: dict) -> str:
     L = []
     if smoke:
         L.append("# GPU check — SMOKE RUN (CPU, tiny stand-in shapes): these numbers are not GPU results\n")
+        L.append("Rows named 472M / 1.72B use the tiny shapes in their *shape* column, not the real models.\n")
     else:
         L.append(f"# GPU check on {s.get('device_name') or s.get('device', '?')}\n")
     L.append(f"Command: `{s.get('command', '?')}`  \nStarted {s.get('started_utc', '?')}; every number below was "
@@ -801,8 +819,9 @@ def _render_a(rows):
             L.append(f"| {r['backend']} | {r['head_dim']} | {'yes' if r['runs'] else 'no'} | {r['why'] or ''} |")
     mm = next((r for r in rows if r.get("kind") == "matmul"), None)
     if mm:
-        L.append(f"\nMeasured {mm['n']}×{mm['n']} matmul ({mm['dtype']}): {mm['tflops']:.1f} TFLOP/s"
-                 + (f" = {100 * mm['fraction_of_peak']:.0f} % of the table's peak" if mm.get("fraction_of_peak") else ""))
+        L.append(f"\nMeasured {mm['n']}×{mm['n']} matmul ({mm['dtype']}): {mm['tflops']:.3g} TFLOP/s"
+                 + (f" = {100 * mm['fraction_of_peak']:.0f} % of the table's peak"
+                    if mm.get("fraction_of_peak") else ""))
     return L
 
 
@@ -814,8 +833,8 @@ def _render_b(rows):
     L = [f"{n_ok} / {len(cases)} cases pass. Error = max |got − fp32 reference| over max |fp32 reference|, over the "
          "output and every gradient (train cases) or the logits of each comparable decoding step (KV cache). fp32 "
          f"passes at ≤ {REL_TOL_FP32:g}; bf16 passes when the fast path is no worse than the naive reference run in "
-         "bf16 on the same weights (≤ 2 × its error, floor 1e-2): bf16 rounding is allowed, extra error is not. Init: "
-         "device build equals the CPU build exactly.\n",
+         "bf16 on the same weights (≤ 2 × its error, floor 1e-2): bf16 rounding is allowed, extra error is not. "
+         "Init: device build equals the CPU build exactly.\n",
          "| case | dtype | max abs err | rel err | bf16 reference's rel err | pass | detail |",
          "|---|---|---|---|---|---|---|"]
     for r in cases:
@@ -841,7 +860,8 @@ def _render_c(rows):
                  f"{st['tokens']} tokens per step, forward + backward, median of {st['reps']} steps; memory: "
                  f"{st['memory']}.\n")
     if speed:
-        L.append("| seq | impl | batch | tokens/s | × sdpa | peak MiB | memory × sdpa |\n|---|---|---|---|---|---|---|")
+        L.append("| seq | impl | batch | tokens/s | × sdpa | peak MiB | memory × sdpa |")
+        L.append("|---|---|---|---|---|---|---|")
         for r in speed:
             L.append(f"| {r['seq']} | {r['impl']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
                      f"{r['throughput_vs_sdpa']:.2f} | {r['peak_mem_bytes'] / 2**20:.1f} | "
@@ -859,14 +879,15 @@ def _render_d(rows):
                  "(hf_condinit.perf) over the table's peak.\n")
     train = [r for r in rows if r.get("kind") == "train"]
     if train:
-        L.append("| arm | batch | tokens/s | s/step | TFLOP/s | MFU | peak GiB | build s | loss first → last |")
-        L.append("|---|---|---|---|---|---|---|---|---|")
+        L.append("| arm | shape | batch | tokens/s | s/step | TFLOP/s | MFU | peak GiB | build s | "
+                 "loss first → last |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in train:
             if "skipped" in r:
-                L.append(f"| {r['arm']} | skipped: {r['skipped']} |  |  |  |  |  |  |  |")
+                L.append(f"| {r['arm']} | skipped: {r['skipped']} |  |  |  |  |  |  |  |  |")
                 continue
             mfu = f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "– (peak unknown)"
-            L.append(f"| {r['arm']} | {r['batch']} | {_fmt(r['tokens_per_s'], '.0f')} | "
+            L.append(f"| {r['arm']} | {r['shape']} | {r['batch']} | {_fmt(r['tokens_per_s'], '.0f')} | "
                      f"{_fmt(r['seconds_per_step'], '.3f')} | {_fmt(r['tflops'], '.1f')} | {mfu} | "
                      f"{_fmt(r['peak_memory_gib'], '.1f', '– (CPU)')} | {r['build_s']:.1f} | "
                      f"{_fmt(r['first_loss'], '.3f')} → {_fmt(r['last_loss'], '.3f')} |")
@@ -877,14 +898,17 @@ def _render_e(rows):
     L = []
     builds = [r for r in rows if r.get("kind") == "build"]
     if builds:
-        L.append("| config | init | params | build s | × default | peak allocated GiB |\n|---|---|---|---|---|---|")
+        L.append("| config | shape | init | params | build s | × default | peak allocated GiB |\n"
+                 "|---|---|---|---|---|---|---|")
         for r in builds:
-            L.append(f"| {r['size']} | {r['method']} | {r['n_params'] / 1e6:.1f} M | {r['seconds']:.2f} | "
+            L.append(f"| {r['size']} | {r['shape']} | {r['method']} | {r['n_params'] / 1e6:.1f} M | "
+                     f"{r['seconds']:.2f} | "
                      f"{r['vs_default']:.2f} | {_fmt(r['peak_allocated_gib'], '.2f', '– (CPU)')} |")
     for r in (r for r in rows if r.get("kind") == "mimetic"):
         L.append(f"\nmimetic {r['size']}: {r['seconds_per_factorisation']:.3f} s per {r['hidden']}×{r['hidden']} "
-                 f"factorisation (median of {r['factorisations_timed']}), {r['note']} → **{r['extrapolated_total_s']:.0f}"
-                 f" s extrapolated**, {r['extrapolated_vs_default']:.1f}× the default build.")
+                 f"factorisation (median of {r['factorisations_timed']}), {r['note']} → "
+                 f"**{r['extrapolated_total_s']:.0f} s extrapolated**, {r['extrapolated_vs_default']:.1f}× the default "
+                 "build.")
     return L
 
 
@@ -903,9 +927,13 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="default: cuda (full mode), cpu (--smoke)")
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     p.add_argument("--cap", action="append", default=[], metavar="PART=SECONDS", help="override a part's time cap")
-    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads in each part (0: torch default)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads in each part (default: 1 with --smoke, where a shared CPU makes "
+                        "multi-threaded LAPACK crawl; else torch's default)")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.smoke else "cuda")
+    if args.threads is None:
+        args.threads = 1 if args.smoke else 0
     caps = dict(SMOKE_CAPS if args.smoke else CAPS)
     for item in args.cap:
         part, _, seconds = item.partition("=")
@@ -925,7 +953,7 @@ def main(argv=None) -> int:
     parser, args = parse_args(argv)
     if os.path.isdir(args.out) and os.listdir(args.out):
         parser.exit(2, f"gpu_check.py: --out {args.out} is not empty; give a new folder (nothing is overwritten)\n")
-    import torch  # no CUDA initialisation in this process (NVML-based check): the parts fork from it
+    import torch  # this process never touches CUDA: the parts fork from it
 
     import hf_condinit  # noqa: F401  imported once here, inherited by every forked part
 
@@ -933,7 +961,7 @@ def main(argv=None) -> int:
         parser.exit(2, "gpu_check.py: an import initialised CUDA in the parent process, so the forked parts could "
                        "not use the GPU; this is a bug of gpu_check.py, please report it\n")
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    if args.device.startswith("cuda") and not _cuda_visible():
         parser.exit(2, "gpu_check.py: no CUDA device visible to torch; run it on a GPU machine, or add --smoke "
                        "for the CPU check of the code paths\n")
     os.makedirs(os.path.join(args.out, "parts"), exist_ok=True)
@@ -953,6 +981,26 @@ def main(argv=None) -> int:
     failed = [p for p, v in result["parts"].items() if v.get("state") != "done"]
     bad_cases = [r for r in result["parts"].get("b", {}).get("rows", []) if r.get("kind") == "case" and not r["passed"]]
     return 1 if failed or bad_cases else 0
+
+
+def _cuda_probe() -> None:
+    import torch
+
+    os._exit(0 if torch.cuda.is_available() and torch.cuda.device_count() > 0 else 3)
+
+
+def _cuda_visible() -> bool:
+    """Whether torch sees a CUDA device, asked in a forked child: the parent must not even initialise the driver
+    (CUDA does not support ``fork`` after initialisation, and every part is a fork of the parent)."""
+    import multiprocessing
+
+    probe = multiprocessing.get_context("fork").Process(target=_cuda_probe, daemon=True)
+    probe.start()
+    probe.join(120)
+    if probe.is_alive():
+        probe.kill()
+        probe.join()
+    return probe.exitcode == 0
 
 
 def _with_context(fn, part: str, out: str):

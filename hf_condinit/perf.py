@@ -4,8 +4,8 @@
   device name (``None`` = unknown: MFU is then not reported rather than guessed);
 - `matmul_parameters`, `training_flops`, `model_flops_shape`: the training FLOPs of a batch, PaLM / nanoGPT /
   torchtitan convention: ``6·N`` per token for the parameter matmuls (forward 2·N, backward 4·N) plus
-  ``12·L·D·T`` per token for the attention scores and the weighted sum (QKᵀ and A·V: 2·2·T·D per token and layer
-  forward, ×3 with backward). N counts the parameters that take part in a matmul: every parameter except the
+  ``12·L·D·T`` per token for the attention scores and the weighted sum (QKᵀ and A·V: 2·2·T·D per token and
+  layer forward, ×3 with backward). N counts the parameters that take part in a matmul: every parameter except the
   embedding lookups, plus the output embedding (the LM head) when it is tied to the input embedding. The
   attention term counts the full T×T square even for causal models (the convention of those three codebases, so
   MFU numbers are comparable with theirs; flash kernels skip the masked half, so a causal model's real attention

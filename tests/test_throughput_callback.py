@@ -111,3 +111,22 @@ def test_script_flag_adds_callback_first(tmp_path):
     assert make_throughput_callback(off, trainer) is None
     callback = make_throughput_callback(on, trainer)
     assert isinstance(callback, ThroughputCallback) and trainer.callback_handler.callbacks[0] is callback
+
+
+def test_run_clm_log_throughput_reaches_trainer_state(tmp_path):
+    """``run_clm.py --log_throughput``: the keys are in every training entry of trainer_state.json's log_history."""
+    from utils import load_script
+
+    run_clm = load_script("run_clm.py")
+    out = tmp_path / "out"
+    run_clm.main([
+        "--output_dir", str(out), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--seed", "0",
+        "--max_steps", "2", "--logging_steps", "1", "--synthetic_train_examples", "32",
+        "--synthetic_eval_examples", "8", "--do_train", "--log_throughput",
+    ])  # fmt: skip
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    train = [h for h in history if "loss" in h]
+    assert len(train) == 2
+    for h in train:
+        assert h["throughput/tokens_per_second"] > 0 and h["throughput/seconds_per_step"] > 0
+        assert "throughput/mfu" not in h  # CPU: no known peak, so no MFU
