@@ -28,7 +28,18 @@ from transformers import (
 
 from hf_condinit.callbacks import RunReportCallback
 from hf_condinit.callbacks import report as report_module
-from hf_condinit.compare import RunGroup, compare_table, format_table, load_run, main, steps_to_reach
+from hf_condinit.compare import (
+    Curve,
+    RunGroup,
+    compare_table,
+    format_table,
+    load_run,
+    main,
+    plot_eval_curves,
+    plot_kappa,
+    steps_to_reach,
+)
+from hf_condinit.reporting.plots import aggregate_curves
 from hf_condinit.reporting.model_card import write_model_card
 from hf_condinit.reporting.runs import read_kappa_records
 from hf_condinit.scripts_common import (
@@ -244,6 +255,28 @@ def test_compare_higher_is_better_and_seed_groups(tmp_path):
     assert ra["final"] == pytest.approx(0.64)
     assert (ra["target"], ra["steps_to_target"]) == (0.70, None)
     assert rb["target"] == pytest.approx(0.64) and rb["steps_to_target"] == 5  # 0.65 >= 0.64 at step 5
+
+
+def test_aggregate_curves_mean_and_band():
+    c = aggregate_curves("x", [([0, 1, 2], [1.0, 2.0, 3.0]), ([1, 2], [3.0, 4.0])])  # steps both have: 1, 2
+    sd = math.sqrt(0.5)  # sample std of {2, 3} and of {3, 4}
+    assert c.steps == [1, 2] and c.values == [2.5, 3.5]
+    assert c.lower == pytest.approx([2.5 - sd, 3.5 - sd]) and c.upper == pytest.approx([2.5 + sd, 3.5 + sd])
+    g = aggregate_curves("k", [([0], [10.0]), ([0], [1000.0])], log=True)  # geometric: 100 ×/÷ 10^std(1, 3)
+    assert g.values == pytest.approx([100.0])
+    assert g.lower == pytest.approx([10 ** (2 - math.sqrt(2))]) and g.upper == pytest.approx([10 ** (2 + math.sqrt(2))])
+    single = aggregate_curves("one", [([0, 1], [1.0, 2.0])])
+    assert single.values == [1.0, 2.0] and single.lower is None
+
+
+def test_overlays_accept_groups_and_curves(tmp_path):
+    runs = [load_run(str(_fake_run(tmp_path, f"s{i}", {10: 3.0 + i, 20: 2.0 + i}, 1.5 + i,
+                                   kappa=[(0, [10.0 * (i + 1)]), (20, [12.0 * (i + 1)])]))) for i in range(2)]
+    given = Curve("given", [10, 20], [2.5, 2.0], lower=[2.4, 1.9], upper=[2.6, 2.1])
+    assert _png(plot_eval_curves([RunGroup("arm", runs), given], str(tmp_path / "e.png")))
+    assert _png(plot_kappa([RunGroup("arm", runs), runs[0]], str(tmp_path / "k.png")))
+    with pytest.raises(TypeError, match="Curve, RunSummary or RunGroup"):
+        plot_kappa([{"steps": [1]}], str(tmp_path / "bad.png"))
 
 
 def test_compare_cli_writes_table_and_figures(tmp_path, capsys):
