@@ -40,7 +40,7 @@ from hf_condinit.compare import (
     steps_to_reach,
 )
 from hf_condinit.reporting.plots import aggregate_curves
-from hf_condinit.reporting.model_card import write_model_card
+from hf_condinit.reporting.model_card import _dataset_name, describe_data, script_command, write_model_card
 from hf_condinit.reporting.runs import read_kappa_records
 from hf_condinit.scripts_common import (
     CondInitArguments,
@@ -133,6 +133,21 @@ def test_model_card_keeps_a_users_readme(tmp_path, caplog):
         assert write_model_card(trainer) is None
     assert (tmp_path / "README.md").read_text() == "# my notes\n"
     assert "not a trainer model card" in caplog.text
+
+
+def test_card_records_the_command_and_its_data_flags(tmp_path):
+    argv = ["/repo/run_clm.py", "--train_file", "my data.txt", "--dataset-config-name=x", "--init", "conditioned"]
+    assert script_command(argv) == "python run_clm.py --train_file 'my data.txt' --dataset-config-name=x --init conditioned"
+    assert script_command(["/usr/bin/pytest", "-q"]) is None  # main(argv) called from Python: no command
+    assert _dataset_name(argv) == "my data.txt" and _dataset_name(["run_glue.py", "--task_name", "rte"]) == "GLUE RTE"
+    stub = type("T", (), {"train_dataset": [{"input_ids": [1, 2, 3]}] * 5, "eval_dataset": {"a": [{"x": 1}]}})()
+    assert describe_data(stub, argv).splitlines() == [
+        "- `--train_file my data.txt`", "- `--dataset_config_name x`",
+        "- train: 5 examples, 3 tokens per example (first)", "- eval (a): 1 example"]
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"task_name": "rte", "output_dir": "o"}))
+    assert describe_data(stub, ["run_glue.py", str(args_file)]).splitlines()[0] == "- `--task_name rte`"
+    assert "embedded default data of `run_clm.py`" in describe_data(stub, ["run_clm.py", "--init", "default"])
 
 
 def test_image_classifier_card(tmp_path):

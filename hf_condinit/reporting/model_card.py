@@ -77,7 +77,7 @@ def _dataset_line(split: str, dataset) -> str | None:
         n = len(dataset)
     except TypeError:
         return f"- {split}: {type(dataset).__name__}"
-    parts = [f"{n:,} examples"]
+    parts = [f"{n:,} example" + ("" if n == 1 else "s")]
     name = getattr(dataset, "builder_name", None) or getattr(getattr(dataset, "info", None), "dataset_name", None)
     if name:
         parts.append(f"builder `{name}`")
@@ -118,7 +118,12 @@ def describe_data(trainer, argv: list[str] | None = None) -> str:
             lines += [f"- `--{k} {v}`" for k, v in flags.items()]
         else:
             lines.append(f"- no data flags: the embedded default data of `{os.path.basename(argv[0])}`")
-    for split, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
+    splits = [("train", trainer.train_dataset)]
+    if isinstance(trainer.eval_dataset, dict):  # several named evaluation sets
+        splits += [(f"eval ({name})", ds) for name, ds in trainer.eval_dataset.items()]
+    else:
+        splits.append(("eval", trainer.eval_dataset))
+    for split, ds in splits:
         line = _dataset_line(split, ds)
         if line:
             lines.append(line)
