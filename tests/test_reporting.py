@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import yaml
+from datasets import Dataset
 from huggingface_hub import ModelCard
 from transformers import (
     AutoConfig,
@@ -68,16 +69,17 @@ def clm_run(tmp_path_factory):
                                bos_token_id=0, eos_token_id=0)
     model = AutoModelForCausalLM.from_config(cfg, condinit={"method": "conditioned", "seed": 3})
     g = torch.Generator().manual_seed(0)
-    data = []
+    rows = []
     for _ in range(16):
         ids = torch.randint(1, 64, (8,), generator=g).tolist()
-        data.append({"input_ids": ids, "labels": ids})
+        rows.append({"input_ids": ids, "labels": ids})
+    data = Dataset.from_list(rows)  # in-memory: no builder name (HF's card would say "the None dataset")
     trainer = CondInitTrainer(model=model, args=_args(out, max_steps=6, logging_steps=1, eval_strategy="steps",
-                                                      eval_steps=2), train_dataset=data, eval_dataset=data[:8])
+                                                      eval_steps=2), train_dataset=data, eval_dataset=data.select(range(8)))
     cond = CondInitArguments(init="conditioned", log_condition_number_every=3, condition_number_probe_length=6)
     make_condition_number_callback(cond, data, trainer)
     train = train_and_save(trainer, data, None, block_size=8)
-    evaluate = evaluate_with_perplexity(trainer, data[:8])
+    evaluate = evaluate_with_perplexity(trainer, data.select(range(8)))
     return out, train, evaluate
 
 
@@ -100,7 +102,8 @@ def test_model_card_content_and_metadata(clm_run):
     text = (out / "README.md").read_text()
     card = ModelCard.load(str(out / "README.md"))
     metadata = yaml.safe_load(text.split("---\n")[1])  # the YAML block HF's Hub parses
-    assert metadata["library_name"] == "transformers"
+    assert metadata["library_name"] == "transformers" and "base_model" not in metadata
+    assert "This model was trained from scratch on an unknown dataset." in text
     for tag in ("hf_condinit", "hf_condinit-conditioned", "generated_from_trainer"):
         assert tag in card.data.tags and tag in metadata["tags"]
 
@@ -155,6 +158,8 @@ def test_image_classifier_card(tmp_path):
     torch.manual_seed(0)
     cfg = mini_config("vit", num_labels=3)
     model = AutoModelForImageClassification.from_config(cfg, condinit={"method": "mimetic", "seed": 1})
+    (tmp_path / "vit.json").write_text("{}")
+    model.config._name_or_path = str(tmp_path / "vit.json")  # as run_clm.py's config files: not a base model
     g = torch.Generator().manual_seed(0)
     data = [{"pixel_values": torch.randn(3, 8, 8, generator=g), "labels": i % 3} for i in range(8)]
 
@@ -166,7 +171,8 @@ def test_image_classifier_card(tmp_path):
     train_and_save(trainer, data)
     metrics = trainer.evaluate()
     card = ModelCard.load(str(tmp_path / "README.md"))
-    assert "hf_condinit-mimetic" in card.data.tags
+    assert "hf_condinit-mimetic" in card.data.tags and "base_model" not in card.data.to_dict()
+    assert f"Built from the local config / model `{tmp_path / 'vit.json'}`." in card.text
     assert f"| eval_accuracy | {metrics['eval_accuracy']:.4g} |" in card.text
     assert _png(tmp_path / "loss.png") and not (tmp_path / "kappa.png").exists()
 
