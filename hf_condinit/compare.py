@@ -144,7 +144,8 @@ def _fmt(value, digits: int = 4) -> str:
 def format_table(rows: Sequence[dict]) -> str:
     """The rows of :func:`compare_table` as a Markdown table (one header line, one line per row)."""
     metric = next((r["metric"] for r in rows if r.get("metric")), None) or "metric"
-    header = ["arm", "init recipe", f"final {metric}", "steps to best other's final", "κ start", "κ end", "tokens/s"]
+    header = ["arm", "init recipe", f"final {metric}", "steps to best other's final", "κ first (@step)",
+              "κ last (@step)", "tokens/s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 5) + "|"]
     for r in rows:
         if r.get("steps_to_target") is not None:

@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import yaml
+from datasets import Dataset
 from huggingface_hub import ModelCard
 from transformers import (
     AutoConfig,
@@ -28,8 +29,19 @@ from transformers import (
 
 from hf_condinit.callbacks import RunReportCallback
 from hf_condinit.callbacks import report as report_module
-from hf_condinit.compare import RunGroup, compare_table, format_table, load_run, main, steps_to_reach
-from hf_condinit.reporting.model_card import write_model_card
+from hf_condinit.compare import (
+    Curve,
+    RunGroup,
+    compare_table,
+    format_table,
+    load_run,
+    main,
+    plot_eval_curves,
+    plot_kappa,
+    steps_to_reach,
+)
+from hf_condinit.reporting.plots import aggregate_curves
+from hf_condinit.reporting.model_card import _dataset_name, describe_data, script_command, write_model_card
 from hf_condinit.reporting.runs import read_kappa_records
 from hf_condinit.scripts_common import (
     CondInitArguments,
@@ -57,16 +69,17 @@ def clm_run(tmp_path_factory):
                                bos_token_id=0, eos_token_id=0)
     model = AutoModelForCausalLM.from_config(cfg, condinit={"method": "conditioned", "seed": 3})
     g = torch.Generator().manual_seed(0)
-    data = []
+    rows = []
     for _ in range(16):
         ids = torch.randint(1, 64, (8,), generator=g).tolist()
-        data.append({"input_ids": ids, "labels": ids})
+        rows.append({"input_ids": ids, "labels": ids})
+    data = Dataset.from_list(rows)  # in-memory: no builder name (HF's card would say "the None dataset")
     trainer = CondInitTrainer(model=model, args=_args(out, max_steps=6, logging_steps=1, eval_strategy="steps",
-                                                      eval_steps=2), train_dataset=data, eval_dataset=data[:8])
+                                                      eval_steps=2), train_dataset=data, eval_dataset=data.select(range(8)))
     cond = CondInitArguments(init="conditioned", log_condition_number_every=3, condition_number_probe_length=6)
     make_condition_number_callback(cond, data, trainer)
     train = train_and_save(trainer, data, None, block_size=8)
-    evaluate = evaluate_with_perplexity(trainer, data[:8])
+    evaluate = evaluate_with_perplexity(trainer, data.select(range(8)))
     return out, train, evaluate
 
 
@@ -89,7 +102,8 @@ def test_model_card_content_and_metadata(clm_run):
     text = (out / "README.md").read_text()
     card = ModelCard.load(str(out / "README.md"))
     metadata = yaml.safe_load(text.split("---\n")[1])  # the YAML block HF's Hub parses
-    assert metadata["library_name"] == "transformers"
+    assert metadata["library_name"] == "transformers" and "base_model" not in metadata
+    assert "This model was trained from scratch on an unknown dataset." in text
     for tag in ("hf_condinit", "hf_condinit-conditioned", "generated_from_trainer"):
         assert tag in card.data.tags and tag in metadata["tags"]
 
@@ -124,11 +138,28 @@ def test_model_card_keeps_a_users_readme(tmp_path, caplog):
     assert "not a trainer model card" in caplog.text
 
 
+def test_card_records_the_command_and_its_data_flags(tmp_path):
+    argv = ["/repo/run_clm.py", "--train_file", "my data.txt", "--dataset-config-name=x", "--init", "conditioned"]
+    assert script_command(argv) == "python run_clm.py --train_file 'my data.txt' --dataset-config-name=x --init conditioned"
+    assert script_command(["/usr/bin/pytest", "-q"]) is None  # main(argv) called from Python: no command
+    assert _dataset_name(argv) == "my data.txt" and _dataset_name(["run_glue.py", "--task_name", "rte"]) == "GLUE RTE"
+    stub = type("T", (), {"train_dataset": [{"input_ids": [1, 2, 3]}] * 5, "eval_dataset": {"a": [{"x": 1}]}})()
+    assert describe_data(stub, argv).splitlines() == [
+        "- `--train_file my data.txt`", "- `--dataset_config_name x`",
+        "- train: 5 examples, 3 tokens per example (first)", "- eval (a): 1 example"]
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"task_name": "rte", "output_dir": "o"}))
+    assert describe_data(stub, ["run_glue.py", str(args_file)]).splitlines()[0] == "- `--task_name rte`"
+    assert "embedded default data of `run_clm.py`" in describe_data(stub, ["run_clm.py", "--init", "default"])
+
+
 def test_image_classifier_card(tmp_path):
     """run_image_classification.py goes through the same tail: the card has eval_accuracy and loads."""
     torch.manual_seed(0)
     cfg = mini_config("vit", num_labels=3)
     model = AutoModelForImageClassification.from_config(cfg, condinit={"method": "mimetic", "seed": 1})
+    (tmp_path / "vit.json").write_text("{}")
+    model.config._name_or_path = str(tmp_path / "vit.json")  # as run_clm.py's config files: not a base model
     g = torch.Generator().manual_seed(0)
     data = [{"pixel_values": torch.randn(3, 8, 8, generator=g), "labels": i % 3} for i in range(8)]
 
@@ -140,7 +171,8 @@ def test_image_classifier_card(tmp_path):
     train_and_save(trainer, data)
     metrics = trainer.evaluate()
     card = ModelCard.load(str(tmp_path / "README.md"))
-    assert "hf_condinit-mimetic" in card.data.tags
+    assert "hf_condinit-mimetic" in card.data.tags and "base_model" not in card.data.to_dict()
+    assert f"Built from the local config / model `{tmp_path / 'vit.json'}`." in card.text
     assert f"| eval_accuracy | {metrics['eval_accuracy']:.4g} |" in card.text
     assert _png(tmp_path / "loss.png") and not (tmp_path / "kappa.png").exists()
 
@@ -244,6 +276,28 @@ def test_compare_higher_is_better_and_seed_groups(tmp_path):
     assert ra["final"] == pytest.approx(0.64)
     assert (ra["target"], ra["steps_to_target"]) == (0.70, None)
     assert rb["target"] == pytest.approx(0.64) and rb["steps_to_target"] == 5  # 0.65 >= 0.64 at step 5
+
+
+def test_aggregate_curves_mean_and_band():
+    c = aggregate_curves("x", [([0, 1, 2], [1.0, 2.0, 3.0]), ([1, 2], [3.0, 4.0])])  # steps both have: 1, 2
+    sd = math.sqrt(0.5)  # sample std of {2, 3} and of {3, 4}
+    assert c.steps == [1, 2] and c.values == [2.5, 3.5]
+    assert c.lower == pytest.approx([2.5 - sd, 3.5 - sd]) and c.upper == pytest.approx([2.5 + sd, 3.5 + sd])
+    g = aggregate_curves("k", [([0], [10.0]), ([0], [1000.0])], log=True)  # geometric: 100 ×/÷ 10^std(1, 3)
+    assert g.values == pytest.approx([100.0])
+    assert g.lower == pytest.approx([10 ** (2 - math.sqrt(2))]) and g.upper == pytest.approx([10 ** (2 + math.sqrt(2))])
+    single = aggregate_curves("one", [([0, 1], [1.0, 2.0])])
+    assert single.values == [1.0, 2.0] and single.lower is None
+
+
+def test_overlays_accept_groups_and_curves(tmp_path):
+    runs = [load_run(str(_fake_run(tmp_path, f"s{i}", {10: 3.0 + i, 20: 2.0 + i}, 1.5 + i,
+                                   kappa=[(0, [10.0 * (i + 1)]), (20, [12.0 * (i + 1)])]))) for i in range(2)]
+    given = Curve("given", [10, 20], [2.5, 2.0], lower=[2.4, 1.9], upper=[2.6, 2.1])
+    assert _png(plot_eval_curves([RunGroup("arm", runs), given], str(tmp_path / "e.png")))
+    assert _png(plot_kappa([RunGroup("arm", runs), runs[0]], str(tmp_path / "k.png")))
+    with pytest.raises(TypeError, match="Curve, RunSummary or RunGroup"):
+        plot_kappa([{"steps": [1]}], str(tmp_path / "bad.png"))
 
 
 def test_compare_cli_writes_table_and_figures(tmp_path, capsys):

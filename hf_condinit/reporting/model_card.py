@@ -77,7 +77,7 @@ def _dataset_line(split: str, dataset) -> str | None:
         n = len(dataset)
     except TypeError:
         return f"- {split}: {type(dataset).__name__}"
-    parts = [f"{n:,} examples"]
+    parts = [f"{n:,} example" + ("" if n == 1 else "s")]
     name = getattr(dataset, "builder_name", None) or getattr(getattr(dataset, "info", None), "dataset_name", None)
     if name:
         parts.append(f"builder `{name}`")
@@ -104,7 +104,9 @@ def _dataset_name(argv: list[str] | None) -> str | None:
         return flags["dataset_name"] + (f" ({flags['dataset_config_name']})" if "dataset_config_name" in flags else "")
     if "task_name" in flags:
         return f"GLUE {flags['task_name'].upper()}"
-    return os.path.basename(flags["train_file"]) if "train_file" in flags else None
+    if "train_file" in flags:
+        return os.path.basename(flags["train_file"])
+    return f"{os.path.basename(argv[0])} default"  # the script's embedded data
 
 
 def describe_data(trainer, argv: list[str] | None = None) -> str:
@@ -118,7 +120,12 @@ def describe_data(trainer, argv: list[str] | None = None) -> str:
             lines += [f"- `--{k} {v}`" for k, v in flags.items()]
         else:
             lines.append(f"- no data flags: the embedded default data of `{os.path.basename(argv[0])}`")
-    for split, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
+    splits = [("train", trainer.train_dataset)]
+    if isinstance(trainer.eval_dataset, dict):  # several named evaluation sets
+        splits += [(f"eval ({name})", ds) for name, ds in trainer.eval_dataset.items()]
+    else:
+        splits.append(("eval", trainer.eval_dataset))
+    for split, ds in splits:
         line = _dataset_line(split, ds)
         if line:
             lines.append(line)
@@ -144,7 +151,11 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _recipe_section(condinit: dict | None, attention: str | None) -> str:
+def _listify(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _recipe_section(condinit: dict | None, attention: str | None, source: str | None = None) -> str:
     if not condinit:
         body = "No hf_condinit recipe: the model keeps its architecture's own initialisation.\n"
     else:
@@ -155,6 +166,8 @@ def _recipe_section(condinit: dict | None, attention: str | None) -> str:
         body += "\nFull recipe (`config.condinit`, every option):\n\n```json\n"
         body += json.dumps(condinit, indent=2, sort_keys=True) + "\n```\n"
     body += f"\nAttention implementation: `{attention or 'not recorded'}`.\n"
+    if source:
+        body += f"\nBuilt from the local config / model `{source}`.\n"
     return "\n\nAttention weights initialised by hf_condinit (`config.condinit`).\n\n" + body
 
 
@@ -190,13 +203,21 @@ def build_model_card(trainer, *, output_dir: str | None = None, argv: list[str] 
     tags = ["hf_condinit"] + ([f"hf_condinit-{method}"] if method else [])
     summary = TrainingSummary.from_trainer(trainer, tags=tags, model_name=os.path.basename(os.path.abspath(output_dir)),
                                            dataset=_dataset_name(argv))
-    if not summary.finetuned_from:  # trained from scratch: HF infers "" from the config's empty _name_or_path
+    # HF takes config._name_or_path as the base model unless it is a folder: "" for a model built from a config
+    # object, a config file's path for run_clm.py. Only a hub id is a base model; a local source is named below.
+    source = summary.finetuned_from
+    if not source or os.path.exists(source):
         summary.finetuned_from = None
+    # HF tags an in-memory dataset (no builder) as [None]: "trained on the None dataset".
+    if summary.dataset_tags is not None and None in _listify(summary.dataset_tags):
+        summary.dataset_tags = summary.dataset_args = summary.dataset_metadata = None
+        summary.dataset = _dataset_name(argv)
     text = summary.to_model_card()
+    local_source = source if source and os.path.exists(source) else None
 
     attention = getattr(config, "_attn_implementation", None)
     text = text.replace("## Model description" + _PLACEHOLDER,
-                        "## Model description" + _recipe_section(condinit, attention), 1)
+                        "## Model description" + _recipe_section(condinit, attention, local_source), 1)
     text = text.replace("## Training and evaluation data" + _PLACEHOLDER,
                         "## Training and evaluation data\n\n" + describe_data(trainer, argv) + "\n", 1)
     extra = []
