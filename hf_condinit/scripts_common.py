@@ -343,13 +343,15 @@ class CondInitArguments:
 
     init: str = field(
         default="default",
-        metadata={"help": "Attention init scheme: default (the model's own), mimetic, or conditioned."},
+        metadata={"help": "Attention init scheme: default (the model's own), mimetic, or conditioned (alias: "
+                          "orthogonal)."},
     )
     attention: str = field(
         default="sdpa",
         metadata={
             "help": "Attention implementation: sdpa, eager, or an hf_condinit variant (affine_scaled, "
-            "attention_sink, preconditioned)."
+            "attention_sink, preconditioned); HF's flash_attention_2/3/4 and flex_attention where this machine and "
+            "model support them (checked before any work)."
         },
     )
     condinit_seed: int | None = field(
