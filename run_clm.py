@@ -284,7 +284,7 @@ def build_tokenizer(model_args, data_args, training_args, raw, text_column, cont
 
 def prepare_data(model_args, data_args, training_args, spec: MQARSpec | None, context: int | None, block_size: int):
     """Load, tokenize and pack the data (the synthetic corpus when ``spec`` is given); the tokenizer is trained on
-    the training split unless one is given. Returns ``(raw, tokenizer, lm_datasets, text_column)``."""
+    the training split unless one is given. Returns ``(tokenizer, lm_datasets)``."""
     text_column = "text"
     synthetic = spec is not None
     if synthetic:
@@ -328,7 +328,7 @@ def prepare_data(model_args, data_args, training_args, spec: MQARSpec | None, co
             sources=split_sources(data_args.train_file, data_args.validation_file, data_args.dataset_name,
                                   data_args.validation_split_percentage),
         )
-    return raw, tokenizer, lm, text_column
+    return tokenizer, lm
 
 
 def build_model(model_args, config, tokenizer, condinit: dict | None, attention: str | None):
@@ -430,7 +430,7 @@ def main(argv=None):
 
     # ---- data: a bad file is a user error, and a failed start leaves no new --output_dir behind ------------------
     with user_errors(training_args.output_dir):
-        raw, tokenizer, lm, text_column = prepare_data(model_args, data_args, training_args, spec, context, block_size)
+        tokenizer, lm = prepare_data(model_args, data_args, training_args, spec, context, block_size)
     train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples, data_args.max_eval_samples)
     if loaded and len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {loaded} only {config.vocab_size}; "

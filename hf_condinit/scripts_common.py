@@ -212,7 +212,9 @@ def _machine_defaults(given: set[str], deepspeed_file) -> dict[str, Any]:
         out["dataloader_pin_memory"] = False
     if deepspeed_file and not accelerator and "use_cpu" not in given:
         out["use_cpu"] = True
-        print("No GPU found: running DeepSpeed on the CPU over gloo (as with --use_cpu).", file=sys.stderr)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed then skips its accelerator probing and warning
+        if os.environ.get("RANK", "0") == "0":  # once per run, not once per process
+            print("No GPU found: running DeepSpeed on the CPU over gloo (as with --use_cpu).", file=sys.stderr)
     return out
 
 
@@ -342,13 +344,15 @@ class CondInitArguments:
 
     init: str = field(
         default="default",
-        metadata={"help": "Attention init scheme: default (the model's own), mimetic, or conditioned."},
+        metadata={"help": "Attention init scheme: default (the model's own), mimetic, or conditioned (alias: "
+                          "orthogonal)."},
     )
     attention: str = field(
         default="sdpa",
         metadata={
             "help": "Attention implementation: sdpa, eager, or an hf_condinit variant (affine_scaled, "
-            "attention_sink, preconditioned)."
+            "attention_sink, preconditioned); HF's flash_attention_2/3/4 and flex_attention where this machine and "
+            "model support them (checked before any work)."
         },
     )
     condinit_seed: int | None = field(
@@ -611,15 +615,19 @@ def setup_logging(training_args, logger_: logging.Logger | None = None) -> None:
     transformers.utils.logging.set_verbosity(max(log_level, logging.WARNING))
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
-    if training_args.disable_tqdm:  # the user asked for no progress bars: the data pipeline's too
+    if training_args.disable_tqdm:  # no progress bars asked for: none from the data pipeline or saving either
         datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
     _silence_noise()
 
 
 def _silence_noise() -> None:
-    """Warnings every CPU run printed although nothing was wrong: pinned memory without an accelerator (the scripts
-    also default ``--dataloader_pin_memory`` off there) and DeepSpeed's accelerator auto-detection lines."""
+    """Warnings runs printed although nothing was wrong: pinned memory without an accelerator (the scripts also
+    default ``--dataloader_pin_memory`` off there), DeepSpeed's deprecated-collective warnings, and DeepSpeed's
+    import in runs without ``--deepspeed``."""
     warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator.*")
+    # DeepSpeed's own collectives call torch.distributed functions torch has deprecated: nothing a user can change
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     _defer_deepspeed_import()
 
 
