@@ -122,7 +122,7 @@ def test_model_card_content_and_metadata(clm_run):
     records = read_kappa_records(str(out / "condition_number.jsonl"))
     first, last = records[0], records[-1]
     assert (first.step, last.step) == (0, 6)
-    assert f"| layer | first (step 0) | last (step 6) |" in text
+    assert "| layer | first (step 0) | last (step 6) |" in text
     assert f"| 1 | {first.layers[1]['mean']:.4g} / {first.layers[1]['max']:.4g} | " \
            f"{last.layers[1]['mean']:.4g} / {last.layers[1]['max']:.4g} |" in text
     assert "![training and evaluation loss](loss.png)" in text and "![κ(J) per layer](kappa.png)" in text
