@@ -122,7 +122,7 @@ def test_model_card_content_and_metadata(clm_run):
     records = read_kappa_records(str(out / "condition_number.jsonl"))
     first, last = records[0], records[-1]
     assert (first.step, last.step) == (0, 6)
-    assert f"| layer | first (step 0) | last (step 6) |" in text
+    assert "| layer | first (step 0) | last (step 6) |" in text
     assert f"| 1 | {first.layers[1]['mean']:.4g} / {first.layers[1]['max']:.4g} | " \
            f"{last.layers[1]['mean']:.4g} / {last.layers[1]['max']:.4g} |" in text
     assert "![training and evaluation loss](loss.png)" in text and "![κ(J) per layer](kappa.png)" in text
@@ -216,7 +216,7 @@ def _kappa_line(step, layer_means):
 
 
 def _fake_run(root, name, evals, final, *, method="default", seed=0, kappa=None, tps=None, metric="eval_loss",
-              perplexity=True):
+              perplexity=True, attention=None):
     """A run folder as the scripts leave it: trainer_state.json (evals during training), eval_results.json (the final
     evaluation, after the state was saved), train_results.json, config.json, condition_number.jsonl."""
     d = root / name
@@ -230,7 +230,8 @@ def _fake_run(root, name, evals, final, *, method="default", seed=0, kappa=None,
                                                                            if tps else {})}))
     condinit = {"method": method, "seed": seed, "qk_gain": 2.0 if method == "conditioned" else 1.0,
                 "layout": "gpt2_fused", "hf_condinit_version": "0.1.0"}
-    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "condinit": condinit}))
+    config = {"model_type": "gpt2", "condinit": condinit, **({"condinit_attention": attention} if attention else {})}
+    (d / "config.json").write_text(json.dumps(config))
     if kappa:
         (d / "condition_number.jsonl").write_text("\n".join(_kappa_line(s, m) for s, m in kappa) + "\n")
     return d
@@ -247,12 +248,12 @@ def test_compare_table_against_the_folders(tmp_path):
     a = _fake_run(tmp_path, "A", {10: 4.0, 20: 3.0, 30: 2.8, 40: 2.6}, 2.5, kappa=[(0, [100.0, 300.0]),
                                                                                   (40, [150.0, 450.0])], tps=1234.5)
     b = _fake_run(tmp_path, "B", {10: 3.5, 20: 2.4, 30: 2.3, 40: 2.25}, 2.2, method="conditioned",
-                  kappa=[(0, [10.0, 30.0]), (40, [12.0, 36.0])])
+                  kappa=[(0, [10.0, 30.0]), (40, [12.0, 36.0])], attention="affine_scaled")
     rows = compare_table([load_run(str(a)), load_run(str(b))])
     ra, rb = rows
     assert ra["metric"] == rb["metric"] == "eval_loss"
     assert (ra["arm"], ra["recipe"]) == ("A", "default (seed 0)")
-    assert rb["recipe"] == "conditioned qk_gain=2.0 (seed 0)"
+    assert rb["recipe"] == "conditioned qk_gain=2.0 (seed 0), attention affine_scaled"
     assert (ra["final"], rb["final"]) == (2.5, 2.2)
     assert (ra["target"], ra["steps_to_target"]) == (2.2, None)  # A never reaches B's 2.2
     assert (rb["target"], rb["steps_to_target"]) == (2.5, 20)
@@ -262,7 +263,7 @@ def test_compare_table_against_the_folders(tmp_path):
     table = format_table(rows)
     assert table.splitlines()[0].startswith("| arm | init recipe | final eval_loss |")
     assert "| A | default (seed 0) | 2.5 | not reached (target 2.2) | 200 @0 | 300 @40 | 1,234 |" in table
-    assert "| B | conditioned qk_gain=2.0 (seed 0) | 2.2 | 20 (target 2.5) | 20 @0 | 24 @40 | — |" in table
+    assert "| B | conditioned qk_gain=2.0 (seed 0), attention affine_scaled | 2.2 | 20 (target 2.5) | 20 @0 | 24 @40 | — |" in table
 
 
 def test_compare_higher_is_better_and_seed_groups(tmp_path):

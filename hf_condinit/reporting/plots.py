@@ -170,9 +170,13 @@ def common_metric(runs: Sequence[RunSummary]) -> str | None:
 
 
 def _runs_of(items: Sequence[CurveSource]) -> list[RunSummary]:
+    """The runs behind ``items`` (a group's runs; a given :class:`Curve` has none)."""
     out = []
     for item in items:
-        out += item.runs if isinstance(item, RunGroup) else [item] if isinstance(item, RunSummary) else []
+        if isinstance(item, RunGroup):
+            out += item.runs
+        elif isinstance(item, RunSummary):
+            out.append(item)
     return out
 
 

@@ -80,7 +80,7 @@ class RunSummary:
     Attributes:
         path (`str`): the folder. name (`str`): its label (the folder name unless given).
         condinit (`dict`): ``config.json``'s ``condinit`` (``{}`` for a model without one).
-        attention (`str | None`): the attention implementation recorded in ``config.json``.
+        attention (`str | None`): the attention variant recorded in ``config.json`` (``condinit_attention``).
         recipe (`str`): :func:`recipe_summary` of the two.
         log_history (`list[dict]`): ``trainer_state.json``'s, ``[]`` when absent.
         final_metrics (`dict`): :func:`read_final_metrics`.
@@ -254,9 +254,11 @@ def summarize_run(path: str, name: str | None = None) -> RunSummary:
         )
     log_history, global_step = read_log_history(path)
     final_metrics = read_final_metrics(path)
-    config = read_json(os.path.join(path, "config.json")) or {}
-    condinit = config.get("condinit") or {} if isinstance(config, dict) else {}
-    attention = config.get("_attn_implementation") or config.get("attn_implementation") if isinstance(config, dict) else None
+    config = read_json(os.path.join(path, "config.json"))
+    config = config if isinstance(config, dict) else {}
+    condinit = config.get("condinit") or {}
+    # hf_condinit records its attention variants as condinit_attention (transformers does not save the choice)
+    attention = config.get("condinit_attention") or config.get("_attn_implementation")
     return RunSummary(
         path=path,
         name=name or os.path.basename(os.path.normpath(os.path.abspath(path))),
