@@ -449,7 +449,13 @@ def log_deepspeed(trainer, training_args, logger_: logging.Logger | None = None)
 def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_size: int | None = None) -> dict:
     """``trainer.train`` (resuming from ``resume_from_checkpoint`` when given), then save the model (and the
     tokenizer: the checkpoint is self-contained), the ``train`` metrics and the trainer state. With ``block_size``
-    (tokens per sample) the metrics gain ``train_tokens_per_second``. Returns the metrics."""
+    (tokens per sample) the metrics gain ``train_tokens_per_second``. Returns the metrics.
+
+    The run's report (``loss.png``, ``kappa.png``, model card ``README.md``) is written when training ends and the
+    card refreshed after the script's final evaluation (``hf_condinit.callbacks.RunReportCallback``)."""
+    from .callbacks import RunReportCallback
+
+    RunReportCallback.attach(trainer)
     train_result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.save_model()
     metrics = dict(train_result.metrics)

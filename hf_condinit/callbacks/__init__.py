@@ -1,7 +1,8 @@
 """Every ``transformers.TrainerCallback`` of hf_condinit, one module each.
 
 - :mod:`.init`: :class:`ConditionedInitCallback`, apply an init scheme when training starts from scratch;
-- :mod:`.condition_number`: :class:`ConditionNumberCallback`, log the attention-Jacobian condition number.
+- :mod:`.condition_number`: :class:`ConditionNumberCallback`, log the attention-Jacobian condition number;
+- :mod:`.report`: :class:`RunReportCallback`, write ``loss.png``, ``kappa.png`` and the model card when training ends.
 """
 
 from .condition_number import (
@@ -12,6 +13,7 @@ from .condition_number import (
     build_probe,
 )
 from .init import ConditionedInitCallback
+from .report import RunReportCallback
 
 __all__ = [
     "DEFAULT_EVERY_N_STEPS",
@@ -19,5 +21,6 @@ __all__ = [
     "DEFAULT_PROBE_SIZE",
     "ConditionNumberCallback",
     "ConditionedInitCallback",
+    "RunReportCallback",
     "build_probe",
 ]

@@ -209,7 +209,11 @@ class ConditionNumberCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every_n_steps and state.global_step % self.every_n_steps == 0:
+            should_log = control.should_log
             self._measure(args, state, model)
+            # trainer.log (in _measure) clears control.should_log: restore it, or the Trainer's own loss entry of
+            # this step is never logged (every one of them when logging_steps divides every_n_steps).
+            control.should_log = should_log
 
     # -- work ------------------------------------------------------------------------------------------------------
 

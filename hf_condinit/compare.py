@@ -1,0 +1,206 @@
+"""Compare finished runs side by side: ``python -m hf_condinit.compare RUN_DIR [RUN_DIR ...]``
+(console script ``hf-condinit-compare``).
+
+Reads the output folder of each run (any script: ``run_clm.py``, ``run_mlm.py``, ``run_glue.py``, ...; see
+:mod:`hf_condinit.reporting.runs` for the files), prints a Markdown table and writes two overlay figures into
+``--out`` (default: the current folder)::
+
+    python run_clm.py --init default     --output_dir A --do_train --do_eval ...
+    python run_clm.py --init conditioned --output_dir B --do_train --do_eval ...
+    python -m hf_condinit.compare A B --out figures
+
+Table columns (:func:`compare_table`): the arm (folder name), its init recipe (``config.json``'s ``condinit`` and
+attention), the final value of the evaluation metric (``eval_loss`` for LM runs, the task metric otherwise, or
+``--metric``), the first evaluated step at which the run is at least as good as the best *other* run's final value
+("not reached" when it never is), κ(J) at the first and last measurement (``kappa/mean``: mean over layers of the
+mean over heads; "—" without ``--log_condition_number_every``) and training tokens/s.
+
+Figures: ``compare_eval.png`` (the metric vs step, every run) and ``compare_kappa.png`` (κ vs step, log scale; only
+when some run logged κ).
+
+Public API (reused by ``benchmarks/``): :func:`load_run`, :func:`compare_table`, :func:`format_table`,
+:func:`plot_eval_curves`, :func:`plot_kappa`, :func:`main`; :class:`RunGroup` (the seeds of one arm, summarised by
+their mean) and :class:`Curve` (a curve given directly) are accepted wherever runs are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Sequence, Union
+
+from .reporting.plots import Curve, RunGroup, aggregate_curves, common_metric, plot_eval_curves, plot_kappa
+from .reporting.runs import RunSummary, lower_is_better, recipe_summary, summarize_run
+
+__all__ = [
+    "RunSummary",
+    "RunGroup",
+    "Curve",
+    "load_run",
+    "compare_table",
+    "format_table",
+    "plot_eval_curves",
+    "plot_kappa",
+    "steps_to_reach",
+    "main",
+]
+
+EVAL_FIGURE = "compare_eval.png"
+KAPPA_FIGURE = "compare_kappa.png"
+
+
+def load_run(path: str, name: str | None = None) -> RunSummary:
+    """Read a finished run folder (:func:`hf_condinit.reporting.runs.summarize_run`).
+
+    Raises ``NotARunFolderError`` (a ``ValueError``) when ``path`` is missing or holds no run, ``ValueError`` for an
+    unreadable file."""
+    return summarize_run(path, name)
+
+
+def steps_to_reach(steps: Sequence[int], values: Sequence[float], target: float, lower_better: bool) -> int | None:
+    """The first step whose value is at least as good as ``target`` (``<=`` when lower is better, else ``>=``);
+    ``None`` when no value is."""
+    for step, value in zip(steps, values):
+        if (value <= target) if lower_better else (value >= target):
+            return step
+    return None
+
+
+def _final_value(run: RunSummary, metric: str) -> float | None:
+    if metric in run.final_metrics:
+        return float(run.final_metrics[metric])
+    _, values = run.eval_curve(metric)
+    return values[-1] if values else None
+
+
+def _recipe(item: Union[RunSummary, RunGroup]) -> str:
+    """The run's recipe; a group's without the seed (its runs differ in it)."""
+    if isinstance(item, RunSummary):
+        return item.recipe
+    if not item.runs:
+        return ""
+    first = item.runs[0]
+    return recipe_summary({k: v for k, v in first.condinit.items() if k != "seed"}, first.attention)
+
+
+def _arm_stats(item: Union[RunSummary, RunGroup], metric: str | None) -> dict:
+    """Final value, curve, κ first/last and tokens/s of a run, or the mean over a group's runs (geometric for κ)."""
+    runs = item.runs if isinstance(item, RunGroup) else [item]
+
+    def mean(xs, log=False):
+        xs = [x for x in xs if x is not None and not math.isnan(x) and (x > 0 or not log)]
+        if len(xs) < 2:
+            return xs[0] if xs else None
+        return 10 ** (sum(map(math.log10, xs)) / len(xs)) if log else sum(xs) / len(xs)
+
+    curve = (aggregate_curves("", [r.eval_curve(metric) for r in runs]) if metric else Curve("", [], []))
+    return {
+        "arm": f"{item.label} (n={len(runs)})" if isinstance(item, RunGroup) else item.name,
+        "recipe": _recipe(item),
+        "final": mean([_final_value(r, metric) for r in runs]) if metric else None,
+        "curve": (curve.steps, curve.values),
+        "kappa_start": mean([r.kappa[0].mean if r.kappa else None for r in runs], log=True),
+        "kappa_end": mean([r.kappa[-1].mean if r.kappa else None for r in runs], log=True),
+        "kappa_start_step": runs[0].kappa[0].step if runs and runs[0].kappa else None,
+        "kappa_end_step": runs[0].kappa[-1].step if runs and runs[0].kappa else None,
+        "tokens_per_second": mean([r.tokens_per_second for r in runs]),
+        "global_step": runs[0].global_step if runs else None,
+    }
+
+
+def compare_table(runs: Sequence[Union[RunSummary, RunGroup]], metric: str | None = None) -> list[dict]:
+    """One row per run (or group of seeds) with the keys ``arm``, ``recipe``, ``metric``, ``final``, ``target``
+    (the best final value among the other rows), ``steps_to_target`` (:func:`steps_to_reach` on the row's eval
+    curve; ``None`` when not reached or with a single row), ``kappa_start``, ``kappa_end`` (κ at the first / last
+    measurement, ``None`` when not logged), ``kappa_start_step``, ``kappa_end_step``, ``tokens_per_second`` and
+    ``global_step``. A group's values are the means over its runs (geometric for κ).
+
+    ``metric`` defaults to :func:`hf_condinit.reporting.plots.common_metric` of all the runs."""
+    flat = [r for item in runs for r in (item.runs if isinstance(item, RunGroup) else [item])]
+    metric = metric or common_metric(flat)
+    stats = [_arm_stats(item, metric) for item in runs]
+    lower = lower_is_better(metric) if metric else True
+    rows = []
+    for i, s in enumerate(stats):
+        others = [o["final"] for j, o in enumerate(stats) if j != i and o["final"] is not None]
+        target = (min(others) if lower else max(others)) if others else None
+        reached = steps_to_reach(*s["curve"], target, lower) if target is not None else None
+        row = {k: v for k, v in s.items() if k != "curve"}
+        row.update(metric=metric, target=target, steps_to_target=reached)
+        rows.append(row)
+    return rows
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) >= 1e4 or 0 < abs(value) < 1e-3 else f"{value:.{digits}g}"
+    return str(value)
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The rows of :func:`compare_table` as a Markdown table (one header line, one line per row)."""
+    metric = next((r["metric"] for r in rows if r.get("metric")), None) or "metric"
+    header = ["arm", "init recipe", f"final {metric}", "steps to best other's final", "κ start", "κ end", "tokens/s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 5) + "|"]
+    for r in rows:
+        if r.get("steps_to_target") is not None:
+            steps = f"{r['steps_to_target']} (target {_fmt(r['target'])})"
+        else:
+            steps = "—" if r.get("target") is None else f"not reached (target {_fmt(r['target'])})"
+        kappa = [_fmt(r.get(k)) + (f" @{r[k + '_step']}" if r.get(k) is not None else "")
+                 for k in ("kappa_start", "kappa_end")]
+        tps = r.get("tokens_per_second")
+        cells = [r["arm"], r["recipe"], _fmt(r.get("final")), steps, *kappa, "—" if tps is None else f"{tps:,.0f}"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hf-condinit-compare",
+        description="Compare finished runs (their --output_dir folders): a table and overlay figures.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folder of a finished run")
+    p.add_argument("--out", default=".", help=f"folder for {EVAL_FIGURE} and {KAPPA_FIGURE} (default: current)")
+    p.add_argument("--metric", help="evaluation metric to compare (default: eval_loss for LM runs, else the task's)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit code (0, or 2 for a user error, reported in one line)."""
+    args = _parser().parse_args(argv)
+    try:
+        runs = [load_run(path) for path in args.runs]
+        names = [r.name for r in runs]
+        for run, path in zip(runs, args.runs):
+            if names.count(run.name) > 1:  # two folders with the same name: label them by the path given
+                run.name = path
+        if args.metric and not all(r.eval_curve(args.metric)[0] for r in runs):
+            missing = [r.name for r in runs if not r.eval_curve(args.metric)[0]]
+            raise ValueError(f"--metric {args.metric}: not evaluated in {', '.join(missing)}")
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise ValueError(f"--out {args.out}: exists and is not a folder")
+    except ValueError as e:  # NotARunFolderError included
+        print(f"hf-condinit-compare: error: {e}", file=sys.stderr)
+        return 2
+    rows = compare_table(runs, args.metric)
+    print(format_table(rows))
+    os.makedirs(args.out, exist_ok=True)
+    metric = rows[0]["metric"]
+    if metric:
+        print(f"wrote {plot_eval_curves(runs, os.path.join(args.out, EVAL_FIGURE), metric)}")
+    else:
+        print("no evaluation metric common to the runs: no eval figure")
+    if any(r.kappa for r in runs):
+        print(f"wrote {plot_kappa(runs, os.path.join(args.out, KAPPA_FIGURE))}")
+    else:
+        print("no run logged κ (--log_condition_number_every): no κ figure")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
