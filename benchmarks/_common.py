@@ -423,38 +423,31 @@ def _kappa_entry(rec: dict) -> dict:
 
 
 def summarize_trainer_run(run_dir: str) -> dict:
-    """Read a Trainer output folder (any LM run: ``run_clm.py`` or this harness) into the numbers the harness
-    aggregates: ``condinit`` and attention (``config.json``), the eval-loss curve and the training-loss curve
-    (``trainer_state.json``: ``[step, loss]`` / ``[step, loss, lr, grad_norm]``), the final held-out metrics
-    (``eval_results.json``), the training time without evaluations and κ (``train_runtime`` minus the
-    ``eval_runtime`` logged during training minus the κ ``seconds``), and κ(J) per measurement
-    (``condition_number.jsonl``, causal and unmasked, with the surrogate bound)."""
-    def load(name):
-        path = os.path.join(run_dir, name)
-        if not os.path.exists(path):
-            return None
-        with open(path) as f:
-            return json.load(f)
+    """The numbers the harness aggregates from one Trainer output folder, read with ``hf_condinit.compare.load_run``
+    (what ``python -m hf_condinit.compare`` reads): ``condinit``, the eval-loss curve logged during training
+    (``[step, loss]``), the training-loss curve (``[step, loss, lr, grad_norm]``), the final metrics, the training
+    time without evaluations and κ (``train_runtime`` minus the ``eval_runtime`` logged during training minus the κ
+    ``seconds``), and κ(J) per measurement with the details the run summary does not carry (unmasked κ, κ(P),
+    κ(PX), saturated heads, seconds per measurement) from ``condition_number.jsonl``."""
+    from hf_condinit.compare import load_run
 
-    config = load("config.json") or {}
-    state = load("trainer_state.json") or {"log_history": []}
-    final = load("eval_results.json") or {}
+    run = load_run(run_dir)
+    hist = run.log_history
     kappa = []
     kpath = os.path.join(run_dir, "condition_number.jsonl")
     if os.path.exists(kpath):
         with open(kpath) as f:
             kappa = [_kappa_entry(json.loads(line)) for line in f if line.strip()]
-    hist = state["log_history"]
-    eval_curve = [[e["step"], e["eval_loss"]] for e in hist if "eval_loss" in e]
     train_curve = [[e["step"], e["loss"], e.get("learning_rate"), e.get("grad_norm")] for e in hist if "loss" in e]
-    runtime = next((e["train_runtime"] for e in hist if "train_runtime" in e), None)
+    runtime = run.final_metrics.get("train_runtime")
     eval_seconds = sum(e["eval_runtime"] for e in hist if "eval_runtime" in e)
     kappa_seconds = sum(k["seconds"] for k in kappa)
-    diverged = next((s for s, loss, *_ in train_curve if not math.isfinite(loss)), None)
-    out = dict(condinit=config.get("condinit"), attention_variant=config.get("condinit_attention"), eval_curve=eval_curve, train_curve=train_curve,
-               final_eval=final, steps=state.get("global_step"), kappa=kappa, eval_seconds=eval_seconds,
-               kappa_seconds=kappa_seconds,
+    out = dict(condinit=run.condinit, recipe=run.recipe,
+               eval_curve=[[e["step"], e["eval_loss"]] for e in hist if "eval_loss" in e],
+               train_curve=train_curve, final_eval=run.final_metrics, steps=run.global_step, kappa=kappa,
+               eval_seconds=eval_seconds, kappa_seconds=kappa_seconds,
                train_seconds=None if runtime is None else runtime - eval_seconds - kappa_seconds)
+    diverged = next((s for s, loss, *_ in train_curve if not math.isfinite(loss)), None)
     if diverged is not None:
         out["diverged_at"] = diverged
     return out
@@ -566,6 +559,7 @@ def train_run(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[d
 def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict]) -> dict:
     from transformers import PrinterCallback, default_data_collator
 
+    from hf_condinit.callbacks import RunReportCallback
     from hf_condinit.scripts_common import CondInitTrainer, evaluate_with_perplexity, train_and_save
 
     tok = data.tokenizer
@@ -588,6 +582,7 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
     trainer = CondInitTrainer(model=model, args=_training_arguments(spec, run_dir), train_dataset=data.train,
                               eval_dataset=curve, data_collator=default_data_collator)
     trainer.remove_callback(PrinterCallback)
+    RunReportCallback.attach(trainer, figures=False)  # the model card; the harness draws seed-aggregated figures
     if spec.kappa_at:
         steps = {min(spec.steps, int(round(f * spec.steps))) for f in spec.kappa_at}
         trainer.add_callback(kappa_callback(data.val, spec.kappa_probe, steps).bind(trainer))
@@ -595,6 +590,7 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
     hook.remove()
     trainer.eval_dataset = data.val
     final = evaluate_with_perplexity(trainer, data.val)
+    trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
     eval_files = evaluate_files(trainer, eval_sets or {}, final)
 
     rec: dict[str, Any] = summarize_trainer_run(run_dir)

@@ -239,7 +239,11 @@ def run_path(out: str, spec) -> str:
 
 def trainer_dir(out: str, spec) -> str:
     """The run's Trainer output folder (``config.json``, ``trainer_state.json``, ``eval_results.json``, ...)."""
-    return os.path.join(out, "trainer", spec.setting, spec.arm.replace("+", "_plus_"), f"seed{spec.seed}")
+    return _trainer_dir(out, spec.setting, spec.arm, spec.seed)
+
+
+def _trainer_dir(out: str, setting: str, arm: str, seed: int) -> str:
+    return os.path.join(out, "trainer", setting, arm.replace("+", "_plus_"), f"seed{seed}")
 
 
 def add_missing_eval_files(path: str, eval_sets: dict) -> None:
@@ -537,69 +541,24 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plots(results: dict, out: str) -> list[str]:
+def plots(results: dict, out: str, groups: list) -> list[str]:
+    """``loss.png`` (held-out loss vs step per arm, mean over seeds with a ±1 std band: ``hf_condinit.compare``'s
+    ``plot_eval_curves`` of one ``RunGroup`` per arm), ``kappa.png`` (κ(J) vs step, ``plot_kappa``, when measured)
+    and, with a sweep, ``sweep.png`` (the eval curves of every sweep setting)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from hf_condinit.compare import plot_eval_curves, plot_kappa
+
     written = []
     colors = {a: plt.cm.tab10(i) for i, a in enumerate(C.ARMS)}
     base = results["settings"].get("base")
-    if base:
-        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-        for arm in arm_order(base["arms"]):
-            a = base["arms"][arm]
-            for key, ax in (("eval_curves", axes[0]), ("train_curves", axes[1])):
-                curves = list(a[key].values())
-                steps = [p[0] for p in curves[0]]
-                n = min(len(c) for c in curves)
-                mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
-                ax.plot(steps[:n], mean, label=f"{arm}", color=colors.get(arm), lw=1.4)
-                if len(curves) > 1:
-                    lo = [min(c[i][1] for c in curves) for i in range(n)]
-                    hi = [max(c[i][1] for c in curves) for i in range(n)]
-                    ax.fill_between(steps[:n], lo, hi, color=colors.get(arm), alpha=0.12)
-        if "target_eval_loss" in base:
-            axes[0].axhline(base["target_eval_loss"], color="k", ls=":", lw=0.8, label="default final")
-        axes[0].set_title("held-out loss (eval subset; mean, band = min..max over seeds)")
-        axes[1].set_title("training loss (mean over log interval)")
-        for ax in axes:
-            ax.set_xlabel("step")
-            ax.set_ylabel("cross-entropy (nats/token)")
-            ax.grid(alpha=0.3)
-        lo_all = min(min(p[1] for c in base["arms"][a]["eval_curves"].values() for p in c) for a in base["arms"])
-        axes[0].set_ylim(lo_all - 0.1, lo_all + 2.5)
-        axes[1].set_ylim(lo_all - 0.3, lo_all + 2.5)
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        p = os.path.join(out, "loss.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
-
-        if any(a.get("kappa") for a in base["arms"].values()):
-            fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-            for arm in arm_order(base["arms"]):
-                ks = base["arms"][arm].get("kappa")
-                if not ks:
-                    continue
-                st = [m["step"] for m in ks]
-                axes[0].plot(st, [m["mean"] for m in ks], "o-", label=arm, color=colors.get(arm))
-                axes[1].plot(st, [m.get("unmasked_mean") or float("nan") for m in ks], "o-", label=arm,
-                             color=colors.get(arm))
-                axes[2].plot(st, [m["bound_mean"] for m in ks], "o--", label=arm, color=colors.get(arm))
-            for ax, t in zip(axes, ("κ(J), causal mask (as used)", "κ(J), unmasked", "surrogate bound (causal)")):
-                ax.set_yscale("log")
-                ax.set_xlabel("step")
-                ax.set_title(t)
-                ax.grid(alpha=0.3, which="both")
-            axes[0].legend(fontsize=8)
-            fig.tight_layout()
-            p = os.path.join(out, "kappa.png")
-            fig.savefig(p, dpi=110)
-            plt.close(fig)
-            written.append(p)
+    if groups:
+        written.append(plot_eval_curves(groups, os.path.join(out, "loss.png"), metric="eval_loss"))
+        if any(r.kappa for g in groups for r in g.runs):
+            written.append(plot_kappa(groups, os.path.join(out, "kappa.png")))
     sweep = [(k, v) for k, v in results["settings"].items() if k != "base"]
     if sweep:
         n = len(sweep)
@@ -627,6 +586,17 @@ def plots(results: dict, out: str) -> list[str]:
         plt.close(fig)
         written.append(p)
     return written
+
+
+def base_groups(out: str, recs: list[dict]) -> list:
+    """One ``hf_condinit.compare.RunGroup`` per arm (its seeds' Trainer folders, read with ``load_run``), in arm
+    order: what the figures are drawn from."""
+    from hf_condinit.compare import RunGroup, load_run
+
+    by_arm: dict[str, list] = {}
+    for r in sorted(recs, key=lambda r: r["seed"]):
+        by_arm.setdefault(r["arm"], []).append(load_run(_trainer_dir(out, r["setting"], r["arm"], r["seed"])))
+    return [RunGroup(arm, by_arm[arm]) for arm in arm_order(by_arm)]
 
 
 def report(args, out: str, settings: dict) -> dict:
@@ -671,7 +641,7 @@ def report(args, out: str, settings: dict) -> dict:
     md = markdown(results)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(md)
-    written = plots(results, out)
+    written = plots(results, out, base_groups(out, base_recs))
     if args.copy_plots:
         os.makedirs(args.copy_plots, exist_ok=True)
         for p in written:
