@@ -246,16 +246,17 @@ def _trainer_dir(out: str, setting: str, arm: str, seed: int) -> str:
     return os.path.join(out, "trainer", setting, arm.replace("+", "_plus_"), f"seed{seed}")
 
 
-def add_missing_eval_files(path: str, eval_sets: dict) -> None:
-    """A finished run that lacks some ``--eval-file`` results: evaluate its saved model on them and update the
-    record (the run is not retrained)."""
+def add_missing_eval_files(path: str, run_dir: str, eval_sets: dict, eval_info: dict) -> None:
+    """A finished run (record ``path``, Trainer folder ``run_dir``) that lacks some ``--eval-file`` results: evaluate
+    its saved model on them and update the record (the run is not retrained)."""
     with open(path) as f:
         rec = json.load(f)
     missing = {n: ds for n, ds in eval_sets.items() if n not in rec.get("eval_files", {})}
     if not missing:
         return
     print(f"[compare] {path}: evaluating the saved model on {', '.join(missing)}", file=sys.stderr)
-    rec.setdefault("eval_files", {}).update(C.evaluate_saved_run(rec["run_dir"], rec["spec"], missing))
+    rec.setdefault("eval_files", {}).update(C.evaluate_saved_run(run_dir, rec["spec"], missing))
+    rec.setdefault("eval_file_info", {}).update({n: eval_info[n] for n in missing})
     C.write_json(path, rec)
 
 
@@ -613,8 +614,8 @@ def report(args, out: str, settings: dict) -> dict:
     base_recs = recs_by_setting.get("base", [])
     results = {"machine": C.machine_info(), "settings": {}, "argv": sys.argv[1:],
                "data": (base_recs or next(iter(recs_by_setting.values())))[0]["data"]}
-    results["eval_files"] = next((r["eval_file_info"] for rs in recs_by_setting.values() for r in rs
-                                  if r.get("eval_file_info")), {})
+    results["eval_files"] = {n: i for rs in recs_by_setting.values() for r in rs
+                             for n, i in r.get("eval_file_info", {}).items()}
     if base_recs:
         spec = dict(base_recs[0]["spec"])
         for k in ("arm", "seed", "setting"):
@@ -687,7 +688,7 @@ def run_lm(args) -> dict:
           file=sys.stderr)
     for r in runs:
         if r not in todo:
-            add_missing_eval_files(run_path(out, r), eval_sets)
+            add_missing_eval_files(run_path(out, r), trainer_dir(out, r), eval_sets, eval_info)
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", dynamic_ncols=True)
     skipped_locked = []
     for spec in todo:

@@ -168,6 +168,7 @@ def test_compare_eval_files_tokens_per_param_and_resume(tmp_path):
     states = {p: p.stat().st_mtime_ns for p in (out / "trainer").rglob("trainer_state.json")}
     again = compare.main(argv + ["--eval-file", str(eval_b)])
     assert {p: p.stat().st_mtime_ns for p in states} == states
+    assert set(again["eval_files"]) == {name, eval_b.name}
     for a in again["settings"]["base"]["arms"].values():
         assert set(a["eval_files"]) == {name, eval_b.name}
 
