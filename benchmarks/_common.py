@@ -1,27 +1,37 @@
-"""Shared pieces of the benchmarks (``compare.py``, ``throughput.py``): data, arms, model building, a compact
-training loop, step-0 diagnostics and the κ(J) measurement.
+"""Shared pieces of the benchmarks (``compare.py``, ``throughput.py``): data, arms, model building, one training run
+through the Hugging Face ``Trainer``, step-0 diagnostics.
 
-Everything here is plain PyTorch around Hugging Face ``GPT2LMHeadModel`` built through
-``AutoModelForCausalLM.from_config(cfg, condinit=..., attn_implementation=...)`` after ``import hf_condinit``.
+A run is what a user gets from ``run_clm.py``: ``GPT2LMHeadModel`` built with
+``AutoModelForCausalLM.from_config(cfg, condinit=..., attn_implementation=...)`` after ``import hf_condinit``,
+trained by ``hf_condinit.scripts_common.CondInitTrainer`` with the METHODS.md §7 LM recipe
+(``scripts_common.LM_TRAINING_DEFAULTS``: AdamW β = (0.9, 0.95), ε = 1e-8, weight decay 0.1 on every ≥ 2-D weight
+except ``condinit_`` holders, HF ``cosine`` schedule with 5 % linear warmup, gradient clipping 1.0; fp32 on CPU),
+saved and evaluated by ``scripts_common.train_and_save`` / ``evaluate_with_perplexity``, κ(J) logged by
+``hf_condinit.callbacks.ConditionNumberCallback``. Each run's output folder is a normal Trainer output folder
+(``config.json`` with ``condinit``, ``model.safetensors``, ``trainer_state.json``, ``train_results.json``,
+``eval_results.json``, ``condition_number.jsonl``); :func:`summarize_trainer_run` reads one back.
 
-Training recipe (METHODS.md §7 LM settings): AdamW β = (0.9, 0.95), ε = 1e-8, weight decay 0.1 on every parameter
-with ≥ 2 dimensions (embeddings, q/k/v/o, MLP) except hf_condinit holder parameters (``condinit_*``: affine W_a,
-sink logits), no decay on biases and LayerNorm; linear warmup over ``warmup`` (fraction) of the steps, then cosine
-decay to 0 (HF ``cosine``); gradient clipping at global norm 1.0; fp32 on CPU.
+Data (library helpers, ``hf_condinit.data``): the documents of the ``--data`` files in a fixed order
+(``read_documents``), the first 5 % of them held out (``documents_dataset``), a byte-level BPE trained on the training
+documents only (``train_bpe_tokenizer``), EOS after every document (``tokenize_datasets(append_eos=True)``), packed
+into ``block_size`` blocks (``pack_datasets``). Cached per data set under ``<out>/cache``.
 
-Data order: the training blocks are shuffled by a ``torch.Generator`` seeded with the run's seed (a fresh
-permutation per epoch), so every arm of one seed sees exactly the same batches in the same order. Model init:
-``torch.manual_seed(seed)`` before building (the default-init parameters), ``condinit={"seed": seed}`` for the
+Same batches per arm and seed: the Trainer's sampler is seeded with ``data_seed = seed`` (accelerate's
+``SeedableRandomSampler``: the order depends on the seed and the epoch only, not on the global RNG that model
+building consumes); each run records the SHA-256 of the batches it trained on (``train_batches_sha256``). Model
+init: ``torch.manual_seed(seed)`` before building (the default-init parameters), ``condinit={"seed": seed}`` for the
 scheme's own generators.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -34,9 +44,14 @@ import torch  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data"))
-DATASETS = {
-    "tinystories": os.path.join(SHARED_DATA, "tinystories", "TinyStories-train.sample-2MiB.txt"),
-    "wikitext": os.path.join(SHARED_DATA, "wikitext", "wikitext-2-raw", "wiki.valid.raw"),
+_WT2 = os.path.join(SHARED_DATA, "wikitext", "wikitext-2-raw")
+# --data aliases -> files or directories (read in this order)
+DATASETS: dict[str, list[str]] = {
+    "tinystories": [os.path.join(SHARED_DATA, "tinystories", "TinyStories-train.sample-2MiB.txt")],
+    "wikitext": [os.path.join(_WT2, "wiki.valid.raw")],
+    "wikitext2-train": [os.path.join(_WT2, f"wiki.train.part{i}of3.raw") for i in (1, 2, 3)],
+    "enwiki": [os.path.join(SHARED_DATA, "enwiki-2015-extract")],
+    "gutenberg": [os.path.join(SHARED_DATA, "gutenberg-nltk")],
 }
 
 # arm name -> (init method, attn_implementation, extra condinit options)
@@ -61,10 +76,12 @@ def quiet_transformers() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     try:
         import datasets
 
         datasets.logging.set_verbosity_error()
+        datasets.disable_progress_bars()
     except ImportError:  # pragma: no cover
         pass
 
@@ -73,90 +90,135 @@ def stable_hash(obj: Any, n: int = 12) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
 
 
+def resolve_data_paths(names: list[str]) -> list[str]:
+    """``--data`` values: aliases of :data:`DATASETS` expanded, anything else taken as a file or directory path."""
+    out: list[str] = []
+    for name in names:
+        out += DATASETS.get(name, [name])
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def split_documents(text: str) -> list[str]:
-    """TinyStories-style ``<|endoftext|>`` separators when present; otherwise WikiText-style articles (a new
-    article starts at a `` = Title = `` line), otherwise non-blank lines."""
-    if "<|endoftext|>" in text:
-        docs = text.split("<|endoftext|>")
-    else:
-        docs, cur = [], []
-        for line in text.split("\n"):
-            s = line.strip()
-            is_title = s.startswith("= ") and s.endswith(" =") and not s.startswith("= =")
-            if is_title and cur:
-                docs.append("\n".join(cur))
-                cur = []
-            cur.append(line)
-        docs.append("\n".join(cur))
-        if len(docs) < 4:
-            docs = [line for line in text.split("\n")]
-    return [d.strip() for d in docs if d.strip()]
-
-
 @dataclass
-class DataBundle:
-    train: torch.Tensor  # (n_train_blocks, block) int64
-    val: torch.Tensor  # (n_val_blocks, block) int64
-    vocab_size: int
-    eos_id: int
+class LMData:
+    """Packed blocks of the training and held-out documents, the tokenizer trained on the training documents, and
+    a description (``info``: files, document / token / block counts, vocabulary size)."""
+
+    train: Any  # datasets.Dataset, columns input_ids, labels: (block_size,) int64 each, torch format
+    val: Any
+    tokenizer: Any
     info: dict
+    cache_path: Optional[str] = None
 
 
-def prepare_data(path: str, *, vocab_size: int, block_size: int, val_fraction: float = 0.05,
-                 max_bytes: Optional[int] = None, cache_dir: Optional[str] = None) -> DataBundle:
-    """Load a text file, hold out the first ``val_fraction`` of its documents for evaluation (contiguous, seed-free),
-    train a byte-level BPE on the *training* documents only, tokenize (EOS after every document), pack into
-    ``block_size`` blocks (remainder dropped). Cached as a ``.pt`` file under ``cache_dir``."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file {path!r} not found (pass --data PATH)")
-    st = os.stat(path)
-    key = stable_hash([os.path.abspath(path), st.st_size, vocab_size, block_size, val_fraction, max_bytes, 2])
-    cache = os.path.join(cache_dir, f"data_{key}.pt") if cache_dir else None
-    if cache and os.path.exists(cache):
-        d = torch.load(cache)
-        return DataBundle(**d)
-    with open(path, encoding="utf-8") as f:
-        text = f.read() if max_bytes is None else f.read(max_bytes)
-    docs = split_documents(text)
-    n_val = max(1, int(round(len(docs) * val_fraction)))
-    if len(docs) - n_val < 1:
-        raise ValueError(f"{path!r}: too few documents ({len(docs)}) for a validation split")
-    val_docs, train_docs = docs[:n_val], docs[n_val:]
+def _files_fingerprint(paths: list[str]) -> list:
+    from hf_condinit.data.documents import expand_text_paths
+
+    return [[os.path.abspath(p), os.path.getsize(p), int(os.path.getmtime(p))] for p in expand_text_paths(paths)]
+
+
+def _tokenize_and_pack(raw, tokenizer, block_size: int):
+    """Library pipeline: EOS after every document, packed into ``block_size`` blocks; keeps ``input_ids`` and
+    ``labels`` (no all-ones attention mask, so the model takes its plain causal path). Returns
+    ``(packed, tokens_per_split)``."""
+    from hf_condinit.data import pack_datasets, tokenize_datasets
+
+    tokenized = tokenize_datasets(raw, tokenizer, "text", append_eos=True)
+    tokens = {split: sum(len(x) for x in tokenized[split]["input_ids"]) for split in tokenized}
+    packed = pack_datasets(tokenized, block_size)
+    packed = packed.select_columns(["input_ids", "labels"])
+    return packed, tokens
+
+
+def _save_atomic(build, path: str) -> None:
+    """Run ``build(tmp_dir)`` and move the directory to ``path`` (a concurrent worker's copy wins)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another worker finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_data(paths: list[str], *, vocab_size: int, block_size: int, val_fraction: float = 0.05,
+                 max_bytes: Optional[int] = None, cache_dir: Optional[str] = None) -> LMData:
+    """Read the documents of ``paths`` (files or directories, in order), hold out the first ``val_fraction`` of
+    them, train a byte-level BPE of ``vocab_size`` on the training documents only, tokenize and pack (module
+    docstring). Cached under ``cache_dir`` as a ``datasets`` folder plus the tokenizer."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
     from hf_condinit.data import train_bpe_tokenizer
+    from hf_condinit.data.documents import documents_dataset, read_documents
 
-    tok = train_bpe_tokenizer(train_docs, vocab_size)
-    eos = tok.eos_token_id
-    backend = tok._tokenizer if hasattr(tok, "_tokenizer") else tok.backend_tokenizer
-
-    def pack(ds):
-        ids = []
-        for enc in backend.encode_batch(ds):
-            ids.extend(enc.ids)
-            ids.append(eos)
-        n = len(ids) // block_size
-        t = torch.tensor(ids[: n * block_size], dtype=torch.long).view(n, block_size)
-        return t, len(ids)
-
-    train, n_train_tok = pack(train_docs)
-    val, n_val_tok = pack(val_docs)
-    if len(train) == 0 or len(val) == 0:
-        raise ValueError(f"{path!r}: not enough tokens for one block of {block_size} in train and validation")
-    info = dict(path=os.path.abspath(path), bytes=len(text.encode("utf-8")), documents=len(docs),
-                train_documents=len(train_docs), val_documents=len(val_docs), train_tokens=n_train_tok,
-                val_tokens=n_val_tok, train_blocks=len(train), val_blocks=len(val), block_size=block_size,
-                vocab_size=len(tok), val_fraction=val_fraction)
-    bundle = DataBundle(train=train, val=val, vocab_size=len(tok), eos_id=int(eos), info=info)
+    key = stable_hash([_files_fingerprint(paths), vocab_size, block_size, val_fraction, max_bytes, 3])
+    cache = os.path.join(cache_dir, f"data_{key}") if cache_dir else None
+    if cache and os.path.isdir(cache):
+        packed = load_from_disk(os.path.join(cache, "packed"))
+        with open(os.path.join(cache, "info.json")) as f:
+            info = json.load(f)
+        return LMData(packed["train"].with_format("torch"), packed["validation"].with_format("torch"),
+                      AutoTokenizer.from_pretrained(os.path.join(cache, "tokenizer")), info, cache)
+    docs = read_documents(paths, max_bytes)
+    raw = documents_dataset(docs, val_fraction)
+    tok = train_bpe_tokenizer(raw["train"]["text"], vocab_size, model_max_length=block_size)
+    packed, tokens = _tokenize_and_pack(raw, tok, block_size)
+    if len(packed["train"]) == 0 or len(packed["validation"]) == 0:
+        raise ValueError(f"not enough tokens for one block of {block_size} in the training and held-out splits")
+    info = dict(paths=[os.path.abspath(p) for p in paths], files=[f[0] for f in _files_fingerprint(paths)],
+                bytes=sum(len(d.encode("utf-8")) for d in docs), documents=len(docs),
+                train_documents=len(raw["train"]), val_documents=len(raw["validation"]),
+                train_tokens=tokens["train"], val_tokens=tokens["validation"], train_blocks=len(packed["train"]),
+                val_blocks=len(packed["validation"]), block_size=block_size, vocab_size=len(tok),
+                val_fraction=val_fraction, max_bytes=max_bytes)
+    info["path"] = info["paths"][0] if len(paths) == 1 else " + ".join(info["paths"])
     if cache:
         os.makedirs(cache_dir, exist_ok=True)
-        tmp = cache + f".tmp{os.getpid()}"
-        torch.save(asdict(bundle), tmp)
-        os.replace(tmp, cache)
-    return bundle
+
+        def build(tmp):
+            packed.save_to_disk(os.path.join(tmp, "packed"))
+            tok.save_pretrained(os.path.join(tmp, "tokenizer"))
+            write_json(os.path.join(tmp, "info.json"), info)
+
+        _save_atomic(build, cache)
+    return LMData(packed["train"].with_format("torch"), packed["validation"].with_format("torch"), tok, info, cache)
+
+
+def prepare_eval_file(path: str, data: LMData) -> tuple[Any, dict]:
+    """Every document of the text file ``path``, tokenized with ``data``'s tokenizer (EOS after each document) and
+    packed into ``data``'s block size: ``(dataset, info)``. Cached next to ``data``'s cache."""
+    from datasets import DatasetDict, load_from_disk
+
+    from hf_condinit.data.documents import read_documents
+
+    block = data.info["block_size"]
+    key = stable_hash([_files_fingerprint([path]), data.info, 1])
+    cache = os.path.join(data.cache_path, f"eval_{key}") if data.cache_path else None
+    if cache and os.path.isdir(cache):
+        with open(os.path.join(cache, "info.json")) as f:
+            info = json.load(f)
+        return load_from_disk(os.path.join(cache, "packed")).with_format("torch"), info
+    from datasets import Dataset
+
+    docs = read_documents([path], arg_name="eval-file")
+    packed, tokens = _tokenize_and_pack(DatasetDict(eval=Dataset.from_dict({"text": docs})), data.tokenizer, block)
+    ds = packed["eval"]
+    if len(ds) == 0:
+        raise ValueError(f"--eval-file {path!r}: fewer than {block} tokens, not one block")
+    info = dict(path=os.path.abspath(path), documents=len(docs), tokens=tokens["eval"], blocks=len(ds),
+                evaluated_tokens=len(ds) * block)
+    if cache:
+        def build(tmp):
+            ds.save_to_disk(os.path.join(tmp, "packed"))
+            write_json(os.path.join(tmp, "info.json"), info)
+
+        _save_atomic(build, cache)
+    return ds.with_format("torch"), info
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,68 +253,51 @@ def build_model(arm: str, config, seed: int, *, condinit_overrides: Optional[dic
         kwargs["dtype"] = dtype
     model = AutoModelForCausalLM.from_config(copy.deepcopy(config), condinit=condinit, attn_implementation=impl,
                                              **kwargs)
+    return with_causal_loss_type(model)
+
+
+def with_causal_loss_type(model):
+    """Set ``model.loss_type = "ForCausalLM"`` where transformers leaves it ``None`` (5.24 derives it from the class
+    name, and ``GPT2LMHeadModel`` has no ``ForCausalLM`` in it). Without it the ``Trainer`` counts all N labels of a
+    row in ``num_items_in_batch`` instead of the N − 1 shifted targets, so its training and evaluation losses are
+    (N − 1)/N times the mean next-token cross-entropy (1.6 % low at N = 64)."""
+    if getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
     return model
 
 
+def param_counts(model) -> dict:
+    """``n_params`` (every parameter once; the tied LM head is the token embedding) and ``n_params_non_embedding``
+    (without the token and position embeddings: the count that scaling laws use)."""
+    total = sum(p.numel() for p in model.parameters())
+    emb = sum(m.weight.numel() for m in (model.transformer.wte, model.transformer.wpe))
+    return dict(n_params=total, n_params_non_embedding=total - emb)
+
+
+def non_embedding_params(*, n_layer: int, n_embd: int, n_head: int) -> int:
+    """Non-embedding parameter count of the harness's GPT-2 shape (built on the meta device: no memory, no init)."""
+    from transformers import GPT2LMHeadModel
+
+    config = gpt2_config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=8, vocab_size=8)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    return param_counts(model)["n_params_non_embedding"]
+
+
 def param_groups(model, weight_decay: float):
-    try:
-        from hf_condinit import no_decay_parameter_names
+    """AdamW groups of the LM recipe (``throughput.py``'s hand-made optimizer): decay on ≥ 2-D weights except the
+    ``condinit_`` holders, the rule of ``hf_condinit.scripts_common.no_decay_parameter_names``."""
+    from hf_condinit.scripts_common import no_decay_parameter_names
 
-        holder_names = set(no_decay_parameter_names(model))
-    except (ImportError, AttributeError):  # pragma: no cover
-        holder_names = {n for n, _ in model.named_parameters() if "condinit_" in n}
-    decay, no_decay = [], []
-    for n, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (decay if p.ndim >= 2 and n not in holder_names else no_decay).append(p)
+    skip = no_decay_parameter_names(model)
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and n not in skip]
+    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and n in skip]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def lr_at(step: int, total: int, peak: float, warmup_frac: float) -> float:
-    warm = max(1, int(round(warmup_frac * total)))
-    if step < warm:
-        return peak * (step + 1) / warm
-    progress = (step - warm) / max(1, total - warm)
-    return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-@torch.no_grad()
-def evaluate(model, blocks: torch.Tensor, batch_size: int) -> float:
-    """Mean next-token cross-entropy (nats/token) over all ``blocks``."""
-    was = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for i in range(0, len(blocks), batch_size):
-        x = blocks[i : i + batch_size]
-        out = model(input_ids=x, labels=x)
-        n = x.numel() - x.shape[0]
-        total += float(out.loss) * n
-        count += n
-    model.train(was)
-    return total / count
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # diagnostics
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def distinct_probe(blocks: torch.Tensor, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` windows of ``length`` tokens from the first blocks, with distinct first tokens (METHODS.md §6)."""
-    rows, firsts = [], set()
-    for b in blocks:
-        for off in range(0, b.numel() - length + 1):
-            if int(b[off]) not in firsts:
-                rows.append(b[off : off + length])
-                firsts.add(int(b[off]))
-                break
-        if len(rows) == n:
-            break
-    if len(rows) < n:
-        raise ValueError("not enough distinct first tokens for the κ probe")
-    ids = torch.stack(rows)
-    return ids, torch.ones_like(ids)
 
 
 def _rms(t: torch.Tensor) -> float:
@@ -334,41 +379,78 @@ def step0_diagnostics(model, probe_ids: torch.Tensor) -> dict:
                 final_resid_rms=_rms(out.hidden_states[-1]), logits_std=float(out.logits.float().std()))
 
 
-def measure_kappa(model, probe_ids: torch.Tensor, probe_mask: torch.Tensor, *, include_unmasked: bool = True) -> dict:
-    """κ(J) of every layer and head on the probe (``hf_condinit.attention_jacobian_condition_number``, causal mask
-    as the model uses it, plus the unmasked value). Spectral conditioning is measured on a merged copy (W + C), since
-    the diagnostic reads the layout's weight views."""
+def kappa_callback(val_dataset, probe: tuple, steps: set[int]):
+    """``hf_condinit.callbacks.ConditionNumberCallback`` on the held-out split (``probe`` = (sequences, tokens),
+    distinct first tokens), causal and unmasked κ, at the given optimizer ``steps`` (0 = before training). A model
+    with spectral conditioning is measured on a merged copy (W + C): the diagnostic reads the layout's weight views,
+    which do not include the holder's C."""
     import hf_condinit
+    from hf_condinit.callbacks import ConditionNumberCallback
 
-    target = model
-    merged = False
-    if any("condinit_spectral" in n for n, _ in model.named_modules()):
-        target = copy.deepcopy(model)
-        hf_condinit.merge_spectral(target)
-        merged = True
-    t0 = time.perf_counter()
-    rep = hf_condinit.attention_jacobian_condition_number(target, probe_ids, probe_mask,
-                                                          include_unmasked=include_unmasked)
-    secs = time.perf_counter() - t0
-    flat = rep.to_log_dict()
+    class _AtSteps(ConditionNumberCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step in steps:
+                self._measure(args, state, model)
+
+        def _measure(self, args, state, model):
+            if model is not None and any("condinit_spectral" in n for n, _ in model.named_modules()):
+                model = copy.deepcopy(model)
+                hf_condinit.merge_spectral(model)
+            super()._measure(args, state, model)
+
+    return _AtSteps(dataset=val_dataset, probe_size=probe[0], probe_length=probe[1], every_n_steps=0,
+                    at_train_begin=0 in steps, include_unmasked=True)
+
+
+def _kappa_entry(rec: dict) -> dict:
+    """One line of ``condition_number.jsonl`` -> the harness's κ summary (means over layers; per-layer lists)."""
     layers = []
-    for lc in rep.layers:
-        d = lc.to_dict()
-        layers.append({k: d.get(k) for k in ("layer", "mean", "max", "bound", "kappa_px", "kappa_p", "n_saturated",
-                                             "unmasked_mean", "unmasked_max")})
-        layers[-1]["unmasked_bound"] = (sum(h["bound"] for h in d["unmasked_heads"]) / len(d["unmasked_heads"])
-                                        if d.get("unmasked_heads") else None)
-        layers[-1]["n_heads"] = len(d["heads"])
-    mean = flat["kappa/mean"]
-    um = [l["unmasked_mean"] for l in layers if l.get("unmasked_mean") is not None]
-    bounds = [l["bound"] for l in layers]
-    ubounds = [l["unmasked_bound"] for l in layers if l.get("unmasked_bound") is not None]
-    return dict(mean=mean, max=flat["kappa/max"],
-                unmasked_mean=(sum(um) / len(um)) if um else None,
-                bound_mean=sum(bounds) / len(bounds),
-                unmasked_bound_mean=(sum(ubounds) / len(ubounds)) if ubounds else None,
-                n_saturated=sum(l["n_saturated"] for l in layers), n_heads=sum(l["n_heads"] for l in layers),
-                seconds=secs, merged_spectral=merged, layers=layers)
+    for d in rec["layers"]:
+        layer = {k: d.get(k) for k in ("layer", "mean", "max", "bound", "kappa_px", "kappa_p", "n_saturated",
+                                       "unmasked_mean", "unmasked_max")}
+        heads = d.get("unmasked_heads") or []
+        layer["unmasked_bound"] = sum(h["bound"] for h in heads) / len(heads) if heads else None
+        layer["n_heads"] = len(d["heads"])
+        layers.append(layer)
+    um = [la["unmasked_mean"] for la in layers if la.get("unmasked_mean") is not None]
+    ub = [la["unmasked_bound"] for la in layers if la.get("unmasked_bound") is not None]
+    return dict(step=rec["step"], mean=rec["log"]["kappa/mean"], max=rec["log"]["kappa/max"],
+                unmasked_mean=sum(um) / len(um) if um else None,
+                bound_mean=sum(la["bound"] for la in layers) / len(layers),
+                unmasked_bound_mean=sum(ub) / len(ub) if ub else None,
+                n_saturated=sum(la["n_saturated"] for la in layers), n_heads=sum(la["n_heads"] for la in layers),
+                seconds=rec["seconds"], layers=layers)
+
+
+def summarize_trainer_run(run_dir: str) -> dict:
+    """The numbers the harness aggregates from one Trainer output folder, read with ``hf_condinit.compare.load_run``
+    (what ``python -m hf_condinit.compare`` reads): ``condinit``, the eval-loss curve logged during training
+    (``[step, loss]``), the training-loss curve (``[step, loss, lr, grad_norm]``), the final metrics, the training
+    time without evaluations and κ (``train_runtime`` minus the ``eval_runtime`` logged during training minus the κ
+    ``seconds``), and κ(J) per measurement with the details the run summary does not carry (unmasked κ, κ(P),
+    κ(PX), saturated heads, seconds per measurement) from ``condition_number.jsonl``."""
+    from hf_condinit.compare import load_run
+
+    run = load_run(run_dir)
+    hist = run.log_history
+    kappa = []
+    kpath = os.path.join(run_dir, "condition_number.jsonl")
+    if os.path.exists(kpath):
+        with open(kpath) as f:
+            kappa = [_kappa_entry(json.loads(line)) for line in f if line.strip()]
+    train_curve = [[e["step"], e["loss"], e.get("learning_rate"), e.get("grad_norm")] for e in hist if "loss" in e]
+    runtime = run.final_metrics.get("train_runtime")
+    eval_seconds = sum(e["eval_runtime"] for e in hist if "eval_runtime" in e)
+    kappa_seconds = sum(k["seconds"] for k in kappa)
+    out = dict(condinit=run.condinit, recipe=run.recipe,
+               eval_curve=[[e["step"], e["eval_loss"]] for e in hist if "eval_loss" in e],
+               train_curve=train_curve, final_eval=run.final_metrics, steps=run.global_step, kappa=kappa,
+               eval_seconds=eval_seconds, kappa_seconds=kappa_seconds,
+               train_seconds=None if runtime is None else runtime - eval_seconds - kappa_seconds)
+    diverged = next((s for s, loss, *_ in train_curve if not math.isfinite(loss)), None)
+    if diverged is not None:
+        out["diverged_at"] = diverged
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -399,6 +481,7 @@ class TrainSpec:
     diag_probe: tuple = (4, 128)
     qk_gain: Optional[float] = None
     v_gain: Optional[float] = None
+    tokens_per_param: Optional[float] = None  # how steps was chosen (informational; steps is what runs)
     setting: str = "base"
     extra: dict = field(default_factory=dict)
 
@@ -406,110 +489,120 @@ class TrainSpec:
         return stable_hash(asdict(self))
 
 
-def train_run(spec: TrainSpec, data: DataBundle, *, progress=None) -> dict:
-    """Train one arm for one seed; return the run record (curves, final eval, κ, step-0 diagnostics, timings)."""
+def _training_arguments(spec: TrainSpec, run_dir: str):
+    """``TrainingArguments`` = ``run_clm.py``'s LM defaults (``LM_TRAINING_DEFAULTS``) with the spec's values."""
+    from transformers import TrainingArguments
+
+    from hf_condinit.scripts_common import LM_TRAINING_DEFAULTS
+
+    kw = dict(LM_TRAINING_DEFAULTS)
+    kw.update(
+        output_dir=run_dir, max_steps=spec.steps, per_device_train_batch_size=spec.batch_size,
+        per_device_eval_batch_size=spec.batch_size, learning_rate=spec.lr, warmup_steps=spec.warmup,
+        weight_decay=spec.weight_decay, adam_beta1=spec.betas[0], adam_beta2=spec.betas[1], adam_epsilon=1e-8,
+        max_grad_norm=spec.grad_clip, logging_steps=spec.log_every, eval_strategy="steps",
+        eval_steps=spec.eval_every, eval_on_start=True, save_strategy="no", report_to=[], seed=spec.seed,
+        data_seed=spec.seed, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+        logging_nan_inf_filter=False,
+    )
+    return TrainingArguments(**kw)
+
+
+def evaluate_files(trainer, eval_sets: dict, metrics: dict) -> dict:
+    """Evaluate ``trainer.model`` on each packed dataset of ``eval_sets`` (name -> dataset): returns name ->
+    ``{loss, ppl, blocks}``; adds ``eval_file/<name>/loss`` and ``/perplexity`` to ``metrics`` and saves them as
+    ``eval_results.json``."""
+    out = {}
+    for name, ds in eval_sets.items():
+        loss = trainer.evaluate(ds, metric_key_prefix="eval_file")["eval_file_loss"]
+        out[name] = dict(loss=loss, ppl=math.exp(loss) if loss < 700 else float("inf"), blocks=len(ds))
+        metrics[f"eval_file/{name}/loss"] = loss
+        metrics[f"eval_file/{name}/perplexity"] = out[name]["ppl"]
+    if out:
+        trainer.save_metrics("eval", metrics)
+    return out
+
+
+def evaluate_saved_run(run_dir: str, spec: dict, eval_sets: dict) -> dict:
+    """:func:`evaluate_files` for the model saved in a finished run's folder (``eval_results.json`` updated)."""
+    import hf_condinit  # noqa: F401  (variants)
+    from transformers import AutoModelForCausalLM, TrainingArguments, default_data_collator
+
+    from hf_condinit.scripts_common import CondInitTrainer
+
+    model = with_causal_loss_type(AutoModelForCausalLM.from_pretrained(run_dir))
+    args = TrainingArguments(output_dir=run_dir, per_device_eval_batch_size=spec["batch_size"], use_cpu=True,
+                             report_to=[], disable_tqdm=True)
+    trainer = CondInitTrainer(model=model, args=args, data_collator=default_data_collator)
+    with open(os.path.join(run_dir, "eval_results.json")) as f:
+        metrics = json.load(f)
+    return evaluate_files(trainer, eval_sets, metrics)
+
+
+def train_run(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict] = None) -> dict:
+    """Train one arm for one seed into the Trainer output folder ``run_dir`` (replaced if it holds an unfinished
+    run); evaluate on the whole held-out split and on each of ``eval_sets`` (name -> packed dataset). Returns the
+    run record: :func:`summarize_trainer_run` of the folder plus parameter counts, tokens seen, per-file eval,
+    step-0 diagnostics, timings and the digest of the training batches. What the Trainer prints goes to
+    ``run_dir/log.txt``."""
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
-    config = gpt2_config(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head,
-                         n_positions=spec.block_size, vocab_size=data.vocab_size, eos_id=data.eos_id)
+    if os.path.isdir(run_dir):
+        shutil.rmtree(run_dir)
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "log.txt"), "w") as log, contextlib.redirect_stdout(log):
+        rec = _train(spec, data, run_dir, eval_sets)
+    rec.update(wall_seconds=time.perf_counter() - t_start, loadavg_1m_at_start=load_start)
+    return rec
+
+
+def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict]) -> dict:
+    from transformers import PrinterCallback, default_data_collator
+
+    from hf_condinit.callbacks import RunReportCallback
+    from hf_condinit.scripts_common import CondInitTrainer, evaluate_with_perplexity, train_and_save
+
+    tok = data.tokenizer
+    config = gpt2_config(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head, n_positions=spec.block_size,
+                         vocab_size=len(tok), eos_id=tok.eos_token_id)
     overrides = {k: v for k, v in (("qk_gain", spec.qk_gain), ("v_gain", spec.v_gain)) if v is not None}
     t_build = time.perf_counter()
     model = build_model(spec.arm, config, spec.seed, condinit_overrides=overrides)
     t_build = time.perf_counter() - t_build
-    model.train()
-    opt = torch.optim.AdamW(param_groups(model, spec.weight_decay), lr=spec.lr, betas=tuple(spec.betas), eps=1e-8)
-    val_curve_blocks = data.val[: spec.eval_blocks]
-    eval_bs = max(1, spec.batch_size)
-    kappa_steps = sorted({min(spec.steps, int(round(f * spec.steps))) for f in spec.kappa_at})
-    kprobe = distinct_probe(data.val, *spec.kappa_probe) if kappa_steps else None
-    dprobe = data.val[: spec.diag_probe[0], : spec.diag_probe[1]]
+    step0 = step0_diagnostics(model, data.val[: spec.diag_probe[0]]["input_ids"][:, : spec.diag_probe[1]])
 
-    gen = torch.Generator().manual_seed(spec.seed)
-    order: list[int] = []
-    epoch_pos = 0
-    tokens_seen = 0
+    digest = hashlib.sha256()
 
-    def next_batch():
-        nonlocal order, epoch_pos
-        idx = []
-        while len(idx) < spec.batch_size:
-            if epoch_pos >= len(order):
-                order = torch.randperm(len(data.train), generator=gen).tolist()
-                epoch_pos = 0
-            take = min(spec.batch_size - len(idx), len(order) - epoch_pos)
-            idx.extend(order[epoch_pos : epoch_pos + take])
-            epoch_pos += take
-        return data.train[idx]
+    def record_batch(module, args, kwargs):
+        if module.training:
+            digest.update(kwargs["input_ids"].numpy().tobytes())
 
-    rec: dict[str, Any] = dict(spec=asdict(spec), key=spec.key(), arm=spec.arm, seed=spec.seed, setting=spec.setting,
-                               n_params=sum(p.numel() for p in model.parameters()),
-                               data=data.info, train_curve=[], eval_curve=[], kappa=[], build_seconds=t_build)
-    rec["step0"] = step0_diagnostics(model, dprobe)
-    kappa_seconds = 0.0
-    train_seconds = 0.0
-    eval_seconds = 0.0
+    hook = model.register_forward_pre_hook(record_batch, with_kwargs=True)
+    curve = data.val.select(range(min(spec.eval_blocks, len(data.val))))
+    trainer = CondInitTrainer(model=model, args=_training_arguments(spec, run_dir), train_dataset=data.train,
+                              eval_dataset=curve, data_collator=default_data_collator)
+    trainer.remove_callback(PrinterCallback)
+    RunReportCallback.attach(trainer, figures=False)  # the model card; the harness draws seed-aggregated figures
+    if spec.kappa_at:
+        steps = {min(spec.steps, int(round(f * spec.steps))) for f in spec.kappa_at}
+        trainer.add_callback(kappa_callback(data.val, spec.kappa_probe, steps).bind(trainer))
+    train_metrics = train_and_save(trainer, data.train, None, spec.block_size)
+    hook.remove()
+    trainer.eval_dataset = data.val
+    final = evaluate_with_perplexity(trainer, data.val)
+    trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
+    eval_files = evaluate_files(trainer, eval_sets or {}, final)
 
-    def do_eval(step):
-        nonlocal eval_seconds
-        t = time.perf_counter()
-        loss = evaluate(model, val_curve_blocks, eval_bs)
-        eval_seconds += time.perf_counter() - t
-        rec["eval_curve"].append([step, loss])
-        return loss
-
-    def do_kappa(step):
-        nonlocal kappa_seconds
-        t = time.perf_counter()
-        k = measure_kappa(model, *kprobe)
-        kappa_seconds += time.perf_counter() - t
-        k["step"] = step
-        rec["kappa"].append(k)
-
-    do_eval(0)
-    rec["initial_eval_loss"] = rec["eval_curve"][0][1]
-    if 0 in kappa_steps:
-        do_kappa(0)
-    run_loss, run_n = 0.0, 0
-    for step in range(spec.steps):
-        t = time.perf_counter()
-        lr = lr_at(step, spec.steps, spec.lr, spec.warmup)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        x = next_batch()
-        loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip) if spec.grad_clip else None
-        opt.step()
-        train_seconds += time.perf_counter() - t
-        tokens_seen += x.numel()
-        lv = float(loss.detach())
-        if not math.isfinite(lv):
-            rec["diverged_at"] = step + 1
-            break
-        run_loss += lv
-        run_n += 1
-        done = step + 1
-        if done % spec.log_every == 0 or done == spec.steps:
-            rec["train_curve"].append([done, run_loss / run_n, lr, float(gn) if gn is not None else None])
-            run_loss, run_n = 0.0, 0
-        if done % spec.eval_every == 0 and done != spec.steps:
-            do_eval(done)
-        if done in kappa_steps and done != 0:
-            do_kappa(done)
-        if progress is not None:
-            progress(done, spec.steps, lv)
-    t = time.perf_counter()
-    final = evaluate(model, data.val, eval_bs)
-    eval_seconds += time.perf_counter() - t
-    done_steps = rec.get("diverged_at", spec.steps)
-    if not rec["eval_curve"] or rec["eval_curve"][-1][0] != done_steps:
-        rec["eval_curve"].append([done_steps, evaluate(model, val_curve_blocks, eval_bs)])
-    rec.update(final_eval_loss=final, final_eval_ppl=math.exp(final) if math.isfinite(final) else float("inf"),
-               steps=done_steps, tokens_seen=tokens_seen, epochs=tokens_seen / max(1, data.train.numel()),
-               train_seconds=train_seconds, eval_seconds=eval_seconds, kappa_seconds=kappa_seconds,
-               tokens_per_s=tokens_seen / max(train_seconds, 1e-9), torch_threads=torch.get_num_threads(),
-               wall_seconds=time.perf_counter() - t_start, loadavg_1m_at_start=load_start)
+    rec: dict[str, Any] = summarize_trainer_run(run_dir)
+    tokens_seen = spec.steps * spec.batch_size * spec.block_size
+    train_tokens = data.info["train_blocks"] * spec.block_size
+    rec.update(spec=asdict(spec), key=spec.key(), arm=spec.arm, seed=spec.seed, setting=spec.setting,
+               **param_counts(model), data=data.info, step0=step0, build_seconds=t_build, run_dir=run_dir,
+               train_batches_sha256=digest.hexdigest(), eval_files=eval_files,
+               initial_eval_loss=rec["eval_curve"][0][1], final_eval_loss=final["eval_loss"],
+               final_eval_ppl=final["perplexity"], tokens_seen=tokens_seen, epochs=tokens_seen / train_tokens,
+               train_runtime=train_metrics["train_runtime"], torch_threads=torch.get_num_threads())
+    rec["tokens_per_s"] = tokens_seen / max(rec["train_seconds"], 1e-9)
     if hasattr(model.transformer.h[0].attn, "condinit_affine"):
         rec["alpha_ma"] = [[float(a) for a in blk.attn.condinit_affine.alpha_ma] for blk in model.transformer.h]
     return rec

@@ -1,21 +1,26 @@
 """Do conditioned init and the attention variants help? Train the same small GPT-2 per arm and seed, compare.
 
 Arms (``_common.ARMS``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
-identity mode), preconditioned, attention_sink. Each arm × seed is one run: same data order per seed across arms
-(blocks shuffled by a generator seeded with the seed), held-out split = the first 5 % of the documents, compact
-PyTorch AdamW loop with the METHODS.md §7 LM settings (see ``_common.py``).
+identity mode), preconditioned, attention_sink. Each arm × seed is one ``run_clm.py``-style run through the HF
+``Trainer`` (``_common.train_run``: the library's data helpers, ``CondInitTrainer``, the METHODS.md §7 LM recipe,
+``ConditionNumberCallback``), into a normal Trainer output folder ``trainer/<setting>/<arm>/seed<k>/``. Same data order
+per seed across arms (the Trainer's sampler seeded with the seed), held-out split = the first 5 % of the documents.
 
-Per arm the report gives: final eval perplexity (full held-out split) mean ± std over seeds; the paired difference to
-default and whether it exceeds the seed spread; steps to reach the default arm's final eval loss (on the eval-curve
-subset, linear interpolation between eval points) and the ratio to the run length; κ(J) of the attention Jacobian
-(METHODS.md §6; causal mask as used, and unmasked) with its surrogate bound at a few points of the run (first seed
-only, small probe: it costs seconds per measurement); step-0 diagnostics (initial loss, attention entropy per layer,
-activation scales). Outputs in ``--out``: ``runs/<setting>/<arm>/seed<k>.json`` (one per finished run — a rerun skips
-it; several workers may share the directory: runs in progress are claimed with lock files), ``results.json``,
-``results.md`` and PNG plots (``loss.png``, ``kappa.png``, ``sweep.png``).
+Per arm the report gives: final eval perplexity (full held-out split, and each ``--eval-file``) mean ± std over seeds;
+the paired difference to default and whether it exceeds the seed spread; steps to reach the default arm's final eval
+loss (on the eval-curve subset, linear interpolation between eval points) and the ratio to the run length; κ(J) of the
+attention Jacobian (METHODS.md §6; causal mask as used, and unmasked) with its surrogate bound at a few points of the
+run (first seed only, small probe: it costs seconds per measurement); step-0 diagnostics (initial loss, attention
+entropy per layer, activation scales); parameter counts (all / non-embedding), tokens seen and epochs. Outputs in
+``--out``: ``runs/<setting>/<arm>/seed<k>.json`` (one record per finished run, written last — a rerun skips it;
+several workers may share the directory: runs in progress are claimed with lock files), the Trainer folders,
+``results.json``, ``results.md`` and PNG plots (``loss.png``, ``kappa.png``, ``sweep.png``).
 
     python benchmarks/compare.py                       # default mode (8 arms × 3 seeds), ≤ 45 min on 2 cores
     python benchmarks/compare.py --quick               # 2 arms × 1 seed, tiny model, ≤ 3 min
+    python benchmarks/compare.py --quick --eval-file ../shared/data/wikitext/wikitext-2-raw/wiki.valid.raw
+    python benchmarks/compare.py --data wikitext2-train --eval-file ../shared/data/wikitext/wikitext-2-raw/wiki.valid.raw \\
+        --tokens-per-param 5 --arms default conditioned
     python benchmarks/compare.py --sweep               # + the built-in sensitivity sweep (conditioned vs default)
     python benchmarks/compare.py --sweep qk_gain=0.25 lr=3e-4 n_layer=8   # a custom sweep
     python benchmarks/compare.py --report-only         # rebuild results.* from the finished runs
@@ -53,8 +58,14 @@ SWEEP_KEYS = ("qk_gain", "v_gain", "lr", "n_layer", "n_embd", "n_head", "steps",
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="tinystories",
-                   help="'tinystories', 'wikitext' (files under ../shared/data) or a path to a text file")
+    p.add_argument("--data", nargs="+", default=["tinystories"], metavar="DATA",
+                   help="text files or directories (their text files, sorted), read in the order given, documents "
+                        "kept whole; or aliases of files under ../shared/data: %s" % ", ".join(C.DATASETS))
+    p.add_argument("--eval-file", action="append", default=[], metavar="FILE",
+                   help="also evaluate every run on this text file (repeatable; same tokenizer and block size; "
+                        "perplexity per file in results.json)")
+    p.add_argument("--tokens-per-param", type=float, default=None, metavar="K",
+                   help="train K tokens per non-embedding parameter (sets --steps; epochs > 1 are reported)")
     p.add_argument("--out", default=None, help="output directory (default benchmarks/results/compare[_quick])")
     p.add_argument("--arms", nargs="+", default=None, help=f"subset of {list(C.ARMS)}")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; quick 1)")
@@ -73,7 +84,7 @@ def parse_args(argv=None):
                    help="fractions of the run at which κ(J) is measured (default 0 0.25 0.5 1; none: skip)")
     p.add_argument("--kappa-seeds", type=int, default=1, help="κ(J) for the first K seeds only (default 1)")
     p.add_argument("--kappa-probe", type=int, nargs=2, default=None, metavar=("SEQS", "TOKENS"))
-    p.add_argument("--max-bytes", type=int, default=None, help="read only the first N bytes of the data file")
+    p.add_argument("--max-bytes", type=int, default=None, help="read only the first N bytes of the data")
     p.add_argument("--sweep", nargs="*", default=None,
                    help="sensitivity sweep settings 'k=v[,k=v]' (keys: %s; steps=xN multiplies); "
                         "no value: the built-in list %s" % (", ".join(SWEEP_KEYS), DEFAULT_SWEEP))
@@ -103,14 +114,56 @@ def base_spec_kwargs(args) -> dict:
         kw["kappa_at"] = tuple(args.kappa_at)
     if args.kappa_probe is not None:
         kw["kappa_probe"] = tuple(args.kappa_probe)
+    if args.tokens_per_param is not None:
+        kw["tokens_per_param"] = args.tokens_per_param
+        kw["steps"] = steps_for_tokens_per_param(kw)
     return kw
+
+
+def steps_for_tokens_per_param(kw: dict) -> int:
+    """Optimizer steps that give ``kw["tokens_per_param"]`` training tokens per non-embedding parameter (rounded
+    up) for the model shape and batch of ``kw``."""
+    n = C.non_embedding_params(n_layer=kw["n_layer"], n_embd=kw["n_embd"], n_head=kw["n_head"])
+    return max(1, math.ceil(kw["tokens_per_param"] * n / (kw["batch_size"] * kw["block_size"])))
 
 
 def data_kwargs(args) -> dict:
     vocab = args.vocab_size or (512 if args.quick else 4096)
     max_bytes = args.max_bytes if args.max_bytes is not None else (300_000 if args.quick else None)
-    path = C.DATASETS.get(args.data, args.data)
-    return dict(path=path, vocab_size=vocab, max_bytes=max_bytes)
+    return dict(paths=C.resolve_data_paths(args.data), vocab_size=vocab, max_bytes=max_bytes)
+
+
+def fail(message: str):
+    """A user error: one line on stderr, exit status 2."""
+    print(f"compare.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_args(args) -> None:
+    """Every user error that can be seen before any data or model work (exits 2 with one line)."""
+    from hf_condinit.data.documents import expand_text_paths
+
+    if args.tokens_per_param is not None:
+        if args.steps is not None:
+            fail("--steps and --tokens-per-param both set the run length; pass one of them")
+        if args.tokens_per_param <= 0:
+            fail(f"--tokens-per-param must be > 0, got {args.tokens_per_param}")
+    for a in args.arms or []:
+        if a not in C.ARMS:
+            fail(f"unknown arm {a!r}; choose from {', '.join(C.ARMS)}")
+    try:
+        expand_text_paths(C.resolve_data_paths(args.data), "data")
+        for path in args.eval_file:
+            expand_text_paths([path], "eval-file")
+    except ValueError as err:
+        fail(str(err))
+    names = [eval_file_name(p) for p in args.eval_file]
+    if len(set(names)) != len(names):
+        fail(f"--eval-file: two files share a name ({', '.join(names)}); results are keyed by file name")
+
+
+def eval_file_name(path: str) -> str:
+    return os.path.basename(os.path.normpath(path))
 
 
 def parse_setting(text: str, base: dict) -> tuple[str, dict]:
@@ -119,10 +172,10 @@ def parse_setting(text: str, base: dict) -> tuple[str, dict]:
         if not part.strip():
             continue
         if "=" not in part:
-            raise SystemExit(f"--sweep: bad setting {part!r}; expected key=value")
+            fail(f"--sweep: bad setting {part!r}; expected key=value")
         k, v = (s.strip() for s in part.split("=", 1))
         if k not in SWEEP_KEYS:
-            raise SystemExit(f"--sweep: unknown key {k!r}; known: {SWEEP_KEYS}")
+            fail(f"--sweep: unknown key {k!r}; known: {', '.join(SWEEP_KEYS)}")
         if k == "steps" and v.startswith("x"):
             over[k] = int(round(base["steps"] * float(v[1:])))
         elif k in ("lr", "qk_gain", "v_gain", "warmup", "weight_decay"):
@@ -142,14 +195,13 @@ def plan_runs(args) -> tuple[list, dict]:
     ignores the conditioned-only gains (so it is shared with the setting without them, or with base)."""
     base = base_spec_kwargs(args)
     arms = args.arms or (["default", "conditioned"] if args.quick else list(C.ARMS))
-    for a in arms:
-        if a not in C.ARMS:
-            raise SystemExit(f"unknown arm {a!r}; known: {list(C.ARMS)}")
     n_seeds = args.seeds or (1 if args.quick else 3)
 
     def spec(arm, seed, setting, over):
         kw = dict(base)
         kw.update(over)
+        if kw.get("tokens_per_param") is not None and "steps" not in over:
+            kw["steps"] = steps_for_tokens_per_param(kw)
         if seed >= args.kappa_seeds:
             kw["kappa_at"] = ()
         elif setting != "base" and kw["kappa_at"]:
@@ -181,7 +233,31 @@ def plan_runs(args) -> tuple[list, dict]:
 
 
 def run_path(out: str, spec) -> str:
+    """The run's record; written last, so its presence (with the spec's key) marks the run finished."""
     return os.path.join(out, "runs", spec.setting, spec.arm.replace("+", "_plus_"), f"seed{spec.seed}.json")
+
+
+def trainer_dir(out: str, spec) -> str:
+    """The run's Trainer output folder (``config.json``, ``trainer_state.json``, ``eval_results.json``, ...)."""
+    return _trainer_dir(out, spec.setting, spec.arm, spec.seed)
+
+
+def _trainer_dir(out: str, setting: str, arm: str, seed: int) -> str:
+    return os.path.join(out, "trainer", setting, arm.replace("+", "_plus_"), f"seed{seed}")
+
+
+def add_missing_eval_files(path: str, run_dir: str, eval_sets: dict, eval_info: dict) -> None:
+    """A finished run (record ``path``, Trainer folder ``run_dir``) that lacks some ``--eval-file`` results: evaluate
+    its saved model on them and update the record (the run is not retrained)."""
+    with open(path) as f:
+        rec = json.load(f)
+    missing = {n: ds for n, ds in eval_sets.items() if n not in rec.get("eval_files", {})}
+    if not missing:
+        return
+    print(f"[compare] {path}: evaluating the saved model on {', '.join(missing)}", file=sys.stderr)
+    rec.setdefault("eval_files", {}).update(C.evaluate_saved_run(run_dir, rec["spec"], missing))
+    rec.setdefault("eval_file_info", {}).update({n: eval_info[n] for n in missing})
+    C.write_json(path, rec)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -257,6 +333,22 @@ def crossing_step(curve, target):
     return None
 
 
+def eval_file_stats(name: str, seeds: dict, default: dict) -> dict:
+    """Loss / perplexity on one ``--eval-file`` over seeds (mean ± std) and, given the default arm's runs, the
+    paired loss difference to default (mean ± std)."""
+    loss = {s: r["eval_files"][name]["loss"] for s, r in sorted(seeds.items()) if name in r.get("eval_files", {})}
+    ppl = [math.exp(v) if v < 700 else float("inf") for v in loss.values()]
+    out = dict(seeds=list(loss), loss=list(loss.values()), ppl=ppl)
+    out["loss_mean"], out["loss_std"] = _mean_std(out["loss"])
+    out["ppl_mean"], out["ppl_std"] = _mean_std(ppl)
+    if default:
+        diffs = [loss[s] - default[s]["eval_files"][name]["loss"] for s in loss
+                 if s in default and name in default[s].get("eval_files", {})]
+        out["delta_loss_vs_default"] = diffs
+        out["delta_mean"], out["delta_std"] = _mean_std(diffs)
+    return out
+
+
 def aggregate_setting(recs: list[dict]) -> dict:
     by_arm: dict[str, dict[int, dict]] = {}
     for r in recs:
@@ -279,7 +371,14 @@ def aggregate_setting(recs: list[dict]) -> dict:
                  initial_eval_loss=_mean_std([r["initial_eval_loss"] for r in rs])[0],
                  tokens_per_s=_mean_std([r["tokens_per_s"] for r in rs])[0],
                  train_seconds=_mean_std([r["train_seconds"] for r in rs])[0],
-                 epochs=rs[0].get("epochs"), diverged=[r["seed"] for r in rs if "diverged_at" in r])
+                 epochs=rs[0].get("epochs"), diverged=[r["seed"] for r in rs if "diverged_at" in r],
+                 n_params=rs[0]["n_params"], n_params_non_embedding=rs[0]["n_params_non_embedding"],
+                 tokens_seen=rs[0]["tokens_seen"],
+                 tokens_per_param=rs[0]["tokens_seen"] / rs[0]["n_params_non_embedding"])
+        files = sorted({n for r in rs for n in r.get("eval_files", {})})
+        if files:
+            a["eval_files"] = {name: eval_file_stats(name, seeds, default if arm != "default" else {})
+                               for name in files}
         if target is not None:
             cross = [crossing_step(r["eval_curve"], target) for r in rs]
             reached = [c for c in cross if c is not None]
@@ -357,6 +456,10 @@ def markdown(results: dict) -> str:
                      f"{spec['block_size']}; {spec['steps']} steps × batch {spec['batch_size']} × {spec['block_size']}"
                      f" tokens = {a0.get('epochs', 0):.2f} epochs of the training split; AdamW lr {spec['lr']}, "
                      f"β (0.9, 0.95), wd 0.1, warmup {spec['warmup']}, cosine, clip 1.0.\n")
+        lines.append(f"Parameters: {a0['n_params']:,} ({a0['n_params_non_embedding']:,} non-embedding); tokens seen "
+                     f"{a0['tokens_seen']:,} = {a0['tokens_per_param']:.2f} tokens per non-embedding parameter"
+                     + (f", {a0['epochs']:.2f} epochs: training blocks are seen more than once" if a0["epochs"] > 1
+                        else "") + ".\n")
         lines.append("| arm | seeds | eval ppl (mean ± std) | eval loss | Δ loss vs default (paired, mean ± std) | "
                      "exceeds seed spread | steps to default's final loss (ratio) | tokens/s |")
         lines.append("|---|---|---|---|---|---|---|---|")
@@ -371,6 +474,23 @@ def markdown(results: dict) -> str:
             lines.append(f"| {arm} | {len(a['seeds'])} | {_fmt(a['ppl_mean'], 2)} ± {_fmt(a['ppl_std'], 2)} | "
                          f"{_fmt(a['loss_mean'])} | {delta} | {exc} | {reach} | {_fmt(a['tokens_per_s'], 0)} |")
         lines.append("")
+        files = sorted({n for a in base["arms"].values() for n in a.get("eval_files", {})})
+        if files:
+            lines.append("Perplexity on the `--eval-file` texts (every document, same tokenizer and blocks; mean ± std "
+                         "over seeds; Δ = paired loss difference to default):\n")
+            lines.append("| arm | " + " | ".join(f"{n} ppl | Δ loss" for n in files) + " |")
+            lines.append("|---|" + "---|---|" * len(files))
+            for arm in arm_order(base["arms"]):
+                cells = []
+                for n in files:
+                    e = base["arms"][arm].get("eval_files", {}).get(n)
+                    if e is None:
+                        cells += ["–", "–"]
+                        continue
+                    cells.append(f"{_fmt(e['ppl_mean'], 2)} ± {_fmt(e['ppl_std'], 2)}")
+                    cells.append("–" if "delta_mean" not in e else f"{_fmt(e['delta_mean'])} ± {_fmt(e['delta_std'])}")
+                lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+            lines.append("")
         lines.append("κ(J) of the attention Jacobian (mean over layers of the per-layer mean over heads; probe "
                      f"{spec['kappa_probe'][0]} × {spec['kappa_probe'][1]} held-out tokens; causal = the mask the "
                      "model uses, unmasked = same heads without it; bound = surrogate of METHODS.md §1, causal):\n")
@@ -422,69 +542,24 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plots(results: dict, out: str) -> list[str]:
+def plots(results: dict, out: str, groups: list) -> list[str]:
+    """``loss.png`` (held-out loss vs step per arm, mean over seeds with a ±1 std band: ``hf_condinit.compare``'s
+    ``plot_eval_curves`` of one ``RunGroup`` per arm), ``kappa.png`` (κ(J) vs step, ``plot_kappa``, when measured)
+    and, with a sweep, ``sweep.png`` (the eval curves of every sweep setting)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from hf_condinit.compare import plot_eval_curves, plot_kappa
+
     written = []
     colors = {a: plt.cm.tab10(i) for i, a in enumerate(C.ARMS)}
     base = results["settings"].get("base")
-    if base:
-        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-        for arm in arm_order(base["arms"]):
-            a = base["arms"][arm]
-            for key, ax in (("eval_curves", axes[0]), ("train_curves", axes[1])):
-                curves = list(a[key].values())
-                steps = [p[0] for p in curves[0]]
-                n = min(len(c) for c in curves)
-                mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
-                ax.plot(steps[:n], mean, label=f"{arm}", color=colors.get(arm), lw=1.4)
-                if len(curves) > 1:
-                    lo = [min(c[i][1] for c in curves) for i in range(n)]
-                    hi = [max(c[i][1] for c in curves) for i in range(n)]
-                    ax.fill_between(steps[:n], lo, hi, color=colors.get(arm), alpha=0.12)
-        if "target_eval_loss" in base:
-            axes[0].axhline(base["target_eval_loss"], color="k", ls=":", lw=0.8, label="default final")
-        axes[0].set_title("held-out loss (eval subset; mean, band = min..max over seeds)")
-        axes[1].set_title("training loss (mean over log interval)")
-        for ax in axes:
-            ax.set_xlabel("step")
-            ax.set_ylabel("cross-entropy (nats/token)")
-            ax.grid(alpha=0.3)
-        lo_all = min(min(p[1] for c in base["arms"][a]["eval_curves"].values() for p in c) for a in base["arms"])
-        axes[0].set_ylim(lo_all - 0.1, lo_all + 2.5)
-        axes[1].set_ylim(lo_all - 0.3, lo_all + 2.5)
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        p = os.path.join(out, "loss.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
-
-        if any(a.get("kappa") for a in base["arms"].values()):
-            fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-            for arm in arm_order(base["arms"]):
-                ks = base["arms"][arm].get("kappa")
-                if not ks:
-                    continue
-                st = [m["step"] for m in ks]
-                axes[0].plot(st, [m["mean"] for m in ks], "o-", label=arm, color=colors.get(arm))
-                axes[1].plot(st, [m.get("unmasked_mean") or float("nan") for m in ks], "o-", label=arm,
-                             color=colors.get(arm))
-                axes[2].plot(st, [m["bound_mean"] for m in ks], "o--", label=arm, color=colors.get(arm))
-            for ax, t in zip(axes, ("κ(J), causal mask (as used)", "κ(J), unmasked", "surrogate bound (causal)")):
-                ax.set_yscale("log")
-                ax.set_xlabel("step")
-                ax.set_title(t)
-                ax.grid(alpha=0.3, which="both")
-            axes[0].legend(fontsize=8)
-            fig.tight_layout()
-            p = os.path.join(out, "kappa.png")
-            fig.savefig(p, dpi=110)
-            plt.close(fig)
-            written.append(p)
+    if groups:
+        written.append(plot_eval_curves(groups, os.path.join(out, "loss.png"), metric="eval_loss"))
+        if any(r.kappa for g in groups for r in g.runs):
+            written.append(plot_kappa(groups, os.path.join(out, "kappa.png")))
     sweep = [(k, v) for k, v in results["settings"].items() if k != "base"]
     if sweep:
         n = len(sweep)
@@ -514,6 +589,17 @@ def plots(results: dict, out: str) -> list[str]:
     return written
 
 
+def base_groups(out: str, recs: list[dict]) -> list:
+    """One ``hf_condinit.compare.RunGroup`` per arm (its seeds' Trainer folders, read with ``load_run``), in arm
+    order: what the figures are drawn from."""
+    from hf_condinit.compare import RunGroup, load_run
+
+    by_arm: dict[str, list] = {}
+    for r in sorted(recs, key=lambda r: r["seed"]):
+        by_arm.setdefault(r["arm"], []).append(load_run(_trainer_dir(out, r["setting"], r["arm"], r["seed"])))
+    return [RunGroup(arm, by_arm[arm]) for arm in arm_order(by_arm)]
+
+
 def report(args, out: str, settings: dict) -> dict:
     recs_by_setting: dict[str, list] = {}
     runs_dir = os.path.join(out, "runs")
@@ -524,10 +610,12 @@ def report(args, out: str, settings: dict) -> dict:
                     r = json.load(f)
                 recs_by_setting.setdefault(r["setting"], []).append(r)
     if not recs_by_setting:
-        raise SystemExit(f"no finished runs under {runs_dir}")
+        fail(f"no finished runs under {runs_dir}; run without --report-only first")
     base_recs = recs_by_setting.get("base", [])
     results = {"machine": C.machine_info(), "settings": {}, "argv": sys.argv[1:],
                "data": (base_recs or next(iter(recs_by_setting.values())))[0]["data"]}
+    results["eval_files"] = {n: i for rs in recs_by_setting.values() for r in rs
+                             for n, i in r.get("eval_file_info", {}).items()}
     if base_recs:
         spec = dict(base_recs[0]["spec"])
         for k in ("arm", "seed", "setting"):
@@ -554,7 +642,7 @@ def report(args, out: str, settings: dict) -> dict:
     md = markdown(results)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(md)
-    written = plots(results, out)
+    written = plots(results, out, base_groups(out, base_recs))
     if args.copy_plots:
         os.makedirs(args.copy_plots, exist_ok=True)
         for p in written:
@@ -565,23 +653,42 @@ def report(args, out: str, settings: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    return run_lm(args)
+
+
+def run_lm(args) -> dict:
+    """The language-model comparison: plan the runs, train the unfinished ones (resumable), aggregate."""
+    check_args(args)
     out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "compare_quick" if args.quick else "compare")
     os.makedirs(out, exist_ok=True)
     runs, settings = plan_runs(args)
     if args.report_only:
         return report(args, out, settings)
+    if len({r.block_size for r in runs}) > 1:
+        fail("all runs of one invocation must share --block-size (a sweep setting changes it)")
     C.set_threads(args.threads)
     C.quiet_transformers()
     from tqdm.auto import tqdm
 
     t0 = time.time()
-    data = C.prepare_data(block_size=runs[0].block_size if runs else 256,
-                          cache_dir=os.path.join(out, "cache"), **data_kwargs(args))
-    if any(r.block_size != data.info["block_size"] for r in runs):
-        raise SystemExit("all runs of one invocation must share --block-size")
+    try:
+        data = C.prepare_data(block_size=runs[0].block_size if runs else 256,
+                              cache_dir=os.path.join(out, "cache"), **data_kwargs(args))
+        eval_sets, eval_info = {}, {}
+        for path in args.eval_file:
+            name = eval_file_name(path)
+            eval_sets[name], eval_info[name] = C.prepare_eval_file(path, data)
+    except ValueError as err:
+        fail(str(err))
+    overlap = set(data.info["files"]) & {i["path"] for i in eval_info.values()}
+    if overlap:
+        print(f"[compare] warning: --eval-file {', '.join(sorted(overlap))} is also training data", file=sys.stderr)
     todo = [r for r in runs if not finished(run_path(out, r), r)]
     print(f"[compare] {len(runs)} runs planned, {len(runs) - len(todo)} already finished; output {out}",
           file=sys.stderr)
+    for r in runs:
+        if r not in todo:
+            add_missing_eval_files(run_path(out, r), trainer_dir(out, r), eval_sets, eval_info)
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", dynamic_ncols=True)
     skipped_locked = []
     for spec in todo:
@@ -594,12 +701,8 @@ def main(argv=None) -> dict:
             continue
         try:
             bar.set_postfix_str(f"{spec.setting}/{spec.arm}/seed{spec.seed}")
-
-            def progress(step, total, loss, _spec=spec):
-                if step % max(1, total // 10) == 0:
-                    bar.set_postfix_str(f"{_spec.setting}/{_spec.arm}/s{_spec.seed} {step}/{total} loss {loss:.3f}")
-
-            rec = C.train_run(spec, data, progress=progress)
+            rec = C.train_run(spec, data, trainer_dir(out, spec), eval_sets)
+            rec["eval_file_info"] = eval_info
             rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             rec["loadavg_1m_at_end"] = os.getloadavg()[0]
             C.write_json(path, rec)

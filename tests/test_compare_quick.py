@@ -9,8 +9,9 @@ import json
 import math
 import random
 
+import pytest
 
-from utils import TINYSTORIES, load_script
+from utils import TINYSTORIES, WIKI_VALID, load_script
 
 
 def _load_compare():
@@ -77,3 +78,115 @@ def test_compare_quick(tmp_path):
     mtimes = {p: (out / p).stat().st_mtime_ns for p in run_files}
     compare.main(argv)
     assert {p: (out / p).stat().st_mtime_ns for p in run_files} == mtimes
+
+
+def _story_files(tmp_path, n_files: int = 2) -> list:
+    """The first stories of the data as ``n_files`` files of whole stories, in a directory."""
+    text = open(_data_file(tmp_path), encoding="utf-8").read(120_000)
+    stories = [s.strip() for s in text.split("<|endoftext|>")[:-1] if s.strip()]
+    folder = tmp_path / "stories"
+    folder.mkdir()
+    per = len(stories) // n_files
+    paths = []
+    for i in range(n_files):
+        path = folder / f"part{i}.txt"
+        path.write_text("\n<|endoftext|>\n".join(stories[i * per:(i + 1) * per]) + "\n<|endoftext|>\n")
+        paths.append(path)
+    return paths, per * n_files
+
+
+def _eval_text(tmp_path):
+    if WIKI_VALID.exists():
+        text = WIKI_VALID.read_text(encoding="utf-8")[:40_000]
+    else:
+        text = "\n".join(f" = Article {i} = \n\n The number {i} is followed by {i + 1} . \n" for i in range(300))
+    path = tmp_path / "held_out_text.raw"
+    path.write_text(text)
+    return path
+
+
+def test_compare_eval_files_tokens_per_param_and_resume(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_condinit.data.documents import read_documents
+
+    compare = _load_compare()
+    files, n_docs = _story_files(tmp_path)
+    eval_a = _eval_text(tmp_path)
+    out = tmp_path / "tpp"
+    k = 0.05
+    argv = ["--quick", "--data", str(files[0].parent), "--out", str(out), "--threads", "1", "--kappa-at",
+            "--tokens-per-param", str(k), "--eval-file", str(eval_a)]
+    results = compare.main(argv)
+
+    # --data: the directory's files in name order, every story one document, none lost
+    assert results["data"]["files"] == [str(f) for f in files]
+    assert results["data"]["documents"] == n_docs
+
+    # --tokens-per-param: steps from the non-embedding count (GPT-2: 12 L D^2 + 13 L D + 2 D), reported
+    spec = results["base_spec"]
+    L, D = spec["n_layer"], spec["n_embd"]
+    non_emb = 12 * L * D * D + 13 * L * D + 2 * D
+    steps = math.ceil(k * non_emb / (spec["batch_size"] * spec["block_size"]))
+    arms = results["settings"]["base"]["arms"]
+    for a in arms.values():
+        assert a["n_params_non_embedding"] == non_emb and a["n_params"] > non_emb
+        assert a["steps"] == steps and a["tokens_seen"] == steps * spec["batch_size"] * spec["block_size"]
+        assert math.isclose(a["tokens_per_param"], a["tokens_seen"] / non_emb)
+
+    # same training batches for every arm of a seed
+    recs = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs" / "base").rglob("seed0.json")}
+    assert recs["default"]["train_batches_sha256"] == recs["conditioned"]["train_batches_sha256"]
+
+    # --eval-file: perplexity per file in results.json, equal to a direct evaluation of the saved model
+    name = eval_a.name
+    on_disk = json.loads((out / "results.json").read_text())
+    assert name in on_disk["eval_files"]
+    for arm, a in on_disk["settings"]["base"]["arms"].items():
+        e = a["eval_files"][name]
+        assert math.isfinite(e["ppl_mean"]) and math.isclose(e["ppl_mean"], math.exp(e["loss_mean"]), rel_tol=1e-9)
+        assert ("delta_mean" in e) == (arm != "default")
+    run_dir = recs["conditioned"]["run_dir"]
+    tok = AutoTokenizer.from_pretrained(next((out / "cache").glob("data_*/tokenizer")))
+    ids = []
+    for doc in read_documents([str(eval_a)]):
+        ids += tok(doc)["input_ids"] + [tok.eos_token_id]
+    block = spec["block_size"]
+    model = AutoModelForCausalLM.from_pretrained(run_dir).eval()
+    losses = []
+    with torch.no_grad():
+        for i in range(0, len(ids) // block * block, block):
+            x = torch.tensor([ids[i:i + block]])
+            losses.append(float(model(input_ids=x, labels=x).loss))
+    direct = sum(losses) / len(losses)
+    assert math.isclose(recs["conditioned"]["eval_files"][name]["loss"], direct, rel_tol=2e-3)
+
+    # resumable: another --eval-file later evaluates the saved models without retraining
+    eval_b = tmp_path / "second.txt"
+    eval_b.write_text(eval_a.read_text()[:20_000])
+    states = {p: p.stat().st_mtime_ns for p in (out / "trainer").rglob("trainer_state.json")}
+    again = compare.main(argv + ["--eval-file", str(eval_b)])
+    assert {p: p.stat().st_mtime_ns for p in states} == states
+    assert set(again["eval_files"]) == {name, eval_b.name}
+    for a in again["settings"]["base"]["arms"].values():
+        assert set(a["eval_files"]) == {name, eval_b.name}
+
+
+def test_compare_user_errors_exit_2(tmp_path, capsys):
+    compare = _load_compare()
+    data = _data_file(tmp_path)
+    cases = [
+        ["--data", data, "--eval-file", str(tmp_path / "missing.raw")],
+        ["--data", str(tmp_path / "nothing_here")],
+        ["--data", data, "--steps", "10", "--tokens-per-param", "1"],
+        ["--data", data, "--tokens-per-param", "0"],
+        ["--data", data, "--arms", "default", "no_such_arm"],
+    ]
+    for argv in cases:
+        with pytest.raises(SystemExit) as err:
+            compare.main(["--quick", "--out", str(tmp_path / "never")] + argv)
+        assert err.value.code == 2, argv
+        msg = capsys.readouterr().err.strip().splitlines()
+        assert len(msg) == 1 and msg[0].startswith("compare.py: error: "), msg
+    assert not (tmp_path / "never").exists()
