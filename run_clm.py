@@ -82,6 +82,7 @@ from hf_condinit.scripts_common import (
     select_splits,
     train_and_save,
     user_errors,
+    with_causal_loss_type,
 )
 
 logger = logging.getLogger("run_clm")
@@ -348,9 +349,7 @@ def build_model(model_args, config, tokenizer, condinit: dict | None, attention:
         if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= config.vocab_size:
             config.pad_token_id = None
         model = AutoModelForCausalLM.from_config(config, condinit=condinit, attn_implementation=attention)
-    if getattr(model, "loss_type", None) is None:  # GPT2LMHeadModel's name does not tell HF its loss: say it
-        model.loss_type = "ForCausalLM"
-    return model
+    return with_causal_loss_type(model)
 
 
 def load_model_config(model_args, synthetic: bool):

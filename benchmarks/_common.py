@@ -241,6 +241,8 @@ def build_model(arm: str, config, seed: int, *, condinit_overrides: Optional[dic
     import hf_condinit  # noqa: F401  (hooks + variants)
     from transformers import AutoModelForCausalLM
 
+    from hf_condinit.scripts_common import with_causal_loss_type
+
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; known: {list(ARMS)}")
     method, impl, extra = ARMS[arm]
@@ -254,16 +256,6 @@ def build_model(arm: str, config, seed: int, *, condinit_overrides: Optional[dic
     model = AutoModelForCausalLM.from_config(copy.deepcopy(config), condinit=condinit, attn_implementation=impl,
                                              **kwargs)
     return with_causal_loss_type(model)
-
-
-def with_causal_loss_type(model):
-    """Set ``model.loss_type = "ForCausalLM"`` where transformers leaves it ``None`` (5.24 derives it from the class
-    name, and ``GPT2LMHeadModel`` has no ``ForCausalLM`` in it). Without it the ``Trainer`` counts all N labels of a
-    row in ``num_items_in_batch`` instead of the N − 1 shifted targets, so its training and evaluation losses are
-    (N − 1)/N times the mean next-token cross-entropy (1.6 % low at N = 64)."""
-    if getattr(model, "loss_type", None) is None:
-        model.loss_type = "ForCausalLM"
-    return model
 
 
 def param_counts(model) -> dict:
@@ -528,7 +520,7 @@ def evaluate_saved_run(run_dir: str, spec: dict, eval_sets: dict) -> dict:
     import hf_condinit  # noqa: F401  (variants)
     from transformers import AutoModelForCausalLM, TrainingArguments, default_data_collator
 
-    from hf_condinit.scripts_common import CondInitTrainer
+    from hf_condinit.scripts_common import CondInitTrainer, with_causal_loss_type
 
     model = with_causal_loss_type(AutoModelForCausalLM.from_pretrained(run_dir))
     args = TrainingArguments(output_dir=run_dir, per_device_eval_batch_size=spec["batch_size"], use_cpu=True,

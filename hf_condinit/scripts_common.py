@@ -83,6 +83,7 @@ __all__ = [
     "known_init_names",
     "setup_logging",
     "select_splits",
+    "with_causal_loss_type",
     "parse_config_overrides",
     "find_last_checkpoint",
     "log_deepspeed",
@@ -649,6 +650,16 @@ def _defer_deepspeed_import() -> None:
 
     imported_and_available.deferred = True
     accelerate_other.is_deepspeed_available = imported_and_available
+
+
+def with_causal_loss_type(model):
+    """Set ``model.loss_type = "ForCausalLM"`` where transformers leaves it ``None`` (5.24 derives it from the class
+    name, and ``GPT2LMHeadModel`` has no ``ForCausalLM`` in it). Without it the ``Trainer`` counts all N labels of a
+    row in ``num_items_in_batch`` instead of the N − 1 shifted targets, so its training and evaluation losses are
+    (N − 1)/N times the mean next-token cross-entropy (1.6 % low at N = 64)."""
+    if getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
+    return model
 
 
 def select_splits(lm_datasets, training_args, max_train_samples: int | None = None, max_eval_samples: int | None = None):
