@@ -32,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -274,6 +275,13 @@ def non_embedding_params(*, n_layer: int, n_embd: int, n_head: int) -> int:
     with torch.device("meta"):
         model = GPT2LMHeadModel(config)
     return param_counts(model)["n_params_non_embedding"]
+
+
+def steps_for_tokens_per_param(kw: dict) -> int:
+    """Optimizer steps that give ``kw["tokens_per_param"]`` training tokens per non-embedding parameter (rounded
+    up) for the model shape and batch of ``kw``."""
+    n = non_embedding_params(n_layer=kw["n_layer"], n_embd=kw["n_embd"], n_head=kw["n_head"])
+    return max(1, math.ceil(kw["tokens_per_param"] * n / (kw["batch_size"] * kw["block_size"])))
 
 
 def param_groups(model, weight_decay: float):
@@ -580,8 +588,10 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
         trainer.add_callback(kappa_callback(data.val, spec.kappa_probe, steps).bind(trainer))
     train_metrics = train_and_save(trainer, data.train, None, spec.block_size)
     hook.remove()
-    trainer.eval_dataset = data.val
-    final = evaluate_with_perplexity(trainer, data.val)
+    # final held-out evaluation: the whole split, or its first ``extra["final_eval_blocks"]`` blocks
+    n_final = spec.extra.get("final_eval_blocks")
+    trainer.eval_dataset = data.val if n_final is None else data.val.select(range(min(n_final, len(data.val))))
+    final = evaluate_with_perplexity(trainer, trainer.eval_dataset)
     trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
     eval_files = evaluate_files(trainer, eval_sets or {}, final)
 
@@ -598,6 +608,102 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
     if hasattr(model.transformer.h[0].attn, "condinit_affine"):
         rec["alpha_ma"] = [[float(a) for a in blk.attn.condinit_affine.alpha_ma] for blk in model.transformer.h]
     return rec
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resumable execution: one record per finished run, claimed with lock files (several workers may share a folder)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def fail(message: str):
+    """A user error: one line on stderr, exit status 2."""
+    print(f"compare.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim(path: str) -> bool:
+    """Create ``path + '.lock'`` atomically; reclaim a lock whose process is gone."""
+    lock = path + ".lock"
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            return True
+        except FileExistsError:
+            try:
+                pid = int(open(lock).read().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _pid_alive(pid):
+                return False
+            try:
+                os.remove(lock)
+            except FileNotFoundError:
+                pass
+    return False
+
+
+def finished(path: str, spec) -> bool:
+    """Whether the record ``path`` exists and was made with ``spec`` (same ``key()``)."""
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return False
+    if rec.get("key") != spec.key():
+        print(f"[compare] {path} was made with other settings; it will be redone", file=sys.stderr)
+        return False
+    return True
+
+
+def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_info: dict, paths) -> list[str]:
+    """Train every spec of ``todo`` (a sub-list of ``runs``, in order) that no one has finished or claimed:
+    ``paths(spec) -> (record path, Trainer folder)``; the record (:func:`train_run` plus ``eval_file_info``,
+    ``finished_at``, ``cpu_seconds`` = user + system CPU time of this process for the run) is written last. Returns
+    the record paths skipped because another worker holds their lock."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", dynamic_ncols=True)
+    skipped_locked = []
+    for spec in todo:
+        path, run_dir = paths(spec)
+        if finished(path, spec):
+            bar.update(1)
+            continue
+        if not claim(path):
+            skipped_locked.append(path)
+            continue
+        try:
+            bar.set_postfix_str(f"{spec.setting}/{spec.extra.get('label', spec.arm)}/seed{spec.seed}")
+            cpu0 = time.process_time()
+            rec = train_run(spec, data, run_dir, eval_sets)
+            rec["cpu_seconds"] = time.process_time() - cpu0
+            rec["eval_file_info"] = eval_info
+            rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            rec["loadavg_1m_at_end"] = os.getloadavg()[0]
+            write_json(path, rec)
+        finally:
+            try:
+                os.remove(path + ".lock")
+            except FileNotFoundError:
+                pass
+        bar.update(1)
+    bar.close()
+    return skipped_locked
 
 
 def write_json(path: str, obj: Any) -> None:

@@ -24,6 +24,7 @@ several workers may share the directory: runs in progress are claimed with lock 
     python benchmarks/compare.py --sweep               # + the built-in sensitivity sweep (conditioned vs default)
     python benchmarks/compare.py --sweep qk_gain=0.25 lr=3e-4 n_layer=8   # a custom sweep
     python benchmarks/compare.py --report-only         # rebuild results.* from the finished runs
+    python benchmarks/compare.py --scale-sweep         # the scale sweep of issue 13 (benchmarks/_scale.py)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _common import fail, finished, steps_for_tokens_per_param  # noqa: E402
 
 # Built-in sweep: name -> overrides of the base TrainSpec. Gain-only settings change the conditioned arm only.
 DEFAULT_SWEEP = [
@@ -58,9 +60,13 @@ SWEEP_KEYS = ("qk_gain", "v_gain", "lr", "n_layer", "n_embd", "n_head", "steps",
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", nargs="+", default=["tinystories"], metavar="DATA",
+    p.add_argument("--scale-sweep", action="store_true",
+                   help="the scale sweep of issue 13 (benchmarks/_scale.py): sizes × arms × seeds, a length and an "
+                        "LR sweep at the middle size, the trend of the gap to default; with --quick, --report-only")
+    p.add_argument("--data", nargs="+", default=None, metavar="DATA",
                    help="text files or directories (their text files, sorted), read in the order given, documents "
-                        "kept whole; or aliases of files under ../shared/data: %s" % ", ".join(C.DATASETS))
+                        "kept whole; or aliases of files under ../shared/data: %s (default tinystories; "
+                        "--scale-sweep: wikitext2-train enwiki)" % ", ".join(C.DATASETS))
     p.add_argument("--eval-file", action="append", default=[], metavar="FILE",
                    help="also evaluate every run on this text file (repeatable; same tokenizer and block size; "
                         "perplexity per file in results.json)")
@@ -94,7 +100,10 @@ def parse_args(argv=None):
     p.add_argument("--report-only", action="store_true", help="only aggregate the finished runs")
     p.add_argument("--no-report", action="store_true", help="run, but leave the aggregation to another call")
     p.add_argument("--copy-plots", default=None, help="also copy the PNG plots into this directory")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.data is None:
+        args.data = ["wikitext2-train", "enwiki"] if args.scale_sweep else ["tinystories"]
+    return args
 
 
 def base_spec_kwargs(args) -> dict:
@@ -120,23 +129,10 @@ def base_spec_kwargs(args) -> dict:
     return kw
 
 
-def steps_for_tokens_per_param(kw: dict) -> int:
-    """Optimizer steps that give ``kw["tokens_per_param"]`` training tokens per non-embedding parameter (rounded
-    up) for the model shape and batch of ``kw``."""
-    n = C.non_embedding_params(n_layer=kw["n_layer"], n_embd=kw["n_embd"], n_head=kw["n_head"])
-    return max(1, math.ceil(kw["tokens_per_param"] * n / (kw["batch_size"] * kw["block_size"])))
-
-
 def data_kwargs(args) -> dict:
     vocab = args.vocab_size or (512 if args.quick else 4096)
     max_bytes = args.max_bytes if args.max_bytes is not None else (300_000 if args.quick else None)
     return dict(paths=C.resolve_data_paths(args.data), vocab_size=vocab, max_bytes=max_bytes)
-
-
-def fail(message: str):
-    """A user error: one line on stderr, exit status 2."""
-    print(f"compare.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def check_args(args) -> None:
@@ -258,54 +254,6 @@ def add_missing_eval_files(path: str, run_dir: str, eval_sets: dict, eval_info: 
     rec.setdefault("eval_files", {}).update(C.evaluate_saved_run(run_dir, rec["spec"], missing))
     rec.setdefault("eval_file_info", {}).update({n: eval_info[n] for n in missing})
     C.write_json(path, rec)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def claim(path: str) -> bool:
-    """Create ``path + '.lock'`` atomically; reclaim a lock whose process is gone."""
-    lock = path + ".lock"
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-            return True
-        except FileExistsError:
-            try:
-                pid = int(open(lock).read().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _pid_alive(pid):
-                return False
-            try:
-                os.remove(lock)
-            except FileNotFoundError:
-                pass
-    return False
-
-
-def finished(path: str, spec) -> bool:
-    if not os.path.exists(path):
-        return False
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return False
-    if rec.get("key") != spec.key():
-        print(f"[compare] {path} was made with other settings; it will be redone", file=sys.stderr)
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -653,6 +601,11 @@ def report(args, out: str, settings: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.scale_sweep:
+        import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
+
+        check_args(args)
+        return _scale.run(args)
     return run_lm(args)
 
 
@@ -668,8 +621,6 @@ def run_lm(args) -> dict:
         fail("all runs of one invocation must share --block-size (a sweep setting changes it)")
     C.set_threads(args.threads)
     C.quiet_transformers()
-    from tqdm.auto import tqdm
-
     t0 = time.time()
     try:
         data = C.prepare_data(block_size=runs[0].block_size if runs else 256,
@@ -689,30 +640,8 @@ def run_lm(args) -> dict:
     for r in runs:
         if r not in todo:
             add_missing_eval_files(run_path(out, r), trainer_dir(out, r), eval_sets, eval_info)
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", dynamic_ncols=True)
-    skipped_locked = []
-    for spec in todo:
-        path = run_path(out, spec)
-        if finished(path, spec):
-            bar.update(1)
-            continue
-        if not claim(path):
-            skipped_locked.append(path)
-            continue
-        try:
-            bar.set_postfix_str(f"{spec.setting}/{spec.arm}/seed{spec.seed}")
-            rec = C.train_run(spec, data, trainer_dir(out, spec), eval_sets)
-            rec["eval_file_info"] = eval_info
-            rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            rec["loadavg_1m_at_end"] = os.getloadavg()[0]
-            C.write_json(path, rec)
-        finally:
-            try:
-                os.remove(path + ".lock")
-            except FileNotFoundError:
-                pass
-        bar.update(1)
-    bar.close()
+    skipped_locked = C.execute_runs(runs, todo, data, eval_sets, eval_info,
+                                    lambda r: (run_path(out, r), trainer_dir(out, r)))
     if skipped_locked:
         print(f"[compare] {len(skipped_locked)} runs are being done by another worker; run --report-only when "
               "they are finished", file=sys.stderr)
