@@ -545,12 +545,17 @@ GITIGNORE = "# written by compare.py --scale-sweep: only the records, cost, resu
             "trainer/\ncache/\n*.lock\n*.tmp*\n"
 
 
-def run(args) -> dict:
-    """``compare.py --scale-sweep``: check, plan, estimate, train the unfinished runs (resumable), report."""
+def check_fixed(args) -> None:
+    """The flags that the sweep's plan fixes: a user error (exit 2) when given."""
     for name in _FIXED:
         if getattr(args, name) is not None:
             fail(f"--scale-sweep fixes sizes, lengths, learning rates, arms and seeds (benchmarks/_scale.py FULL / "
                  f"QUICK); drop --{name.replace('_', '-')}")
+
+
+def run(args) -> dict:
+    """``compare.py --scale-sweep`` (after :func:`check_fixed` and compare.py's checks): plan, estimate, train the
+    unfinished runs (resumable), report."""
     p = QUICK if args.quick else FULL
     out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale_quick" if args.quick else "scale")
     eval_files = args.eval_file or [WIKI_VALID]

@@ -604,6 +604,7 @@ def main(argv=None) -> dict:
     if args.scale_sweep:
         import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
 
+        _scale.check_fixed(args)
         check_args(args)
         return _scale.run(args)
     return run_lm(args)
