@@ -5,9 +5,10 @@ Plan (:data:`FULL`; :func:`plan`): GPT-2 of three sizes with the same head dim 3
 2 × 128: 25k, 100k, 397k non-embedding parameters), arms :data:`ARMS` (default, conditioned, conditioned with
 ``v_gain=0.25``, mimetic, affine_scaled), 20 training tokens per non-embedding parameter at a shared learning rate,
 seeds 0-1 (0-2 at the middle size); at the middle size also 1 and 5 tokens per parameter (the length sweep) and
-two more learning rates (the LR sweep, seeds 0-1). Training data: WikiText-2 train + the enwiki extract (so that no
-run repeats a block); the reported metric is the loss on WikiText-2 valid (``--eval-file``, every document). Every
-run is one ``_common.train_run`` (the ``run_clm.py`` recipe through the HF ``Trainer``).
+two more learning rates (the LR sweep, seeds 0-1). Training data: the enwiki extract + WikiText-2 train (so that no
+run repeats a block; enwiki first: the internal 5 % held-out documents are enwiki articles); the reported metric is
+the loss on WikiText-2 valid (``--eval-file``, every document). Every run is one ``_common.train_run`` (the
+``run_clm.py`` recipe through the HF ``Trainer``).
 
 Order: seed 0 of every size (smallest first, the length sweep after the middle size), then seed 1, then seed 2 of
 the middle size, then the LR sweep; default first in each group. Any prefix of the plan is a usable result: seed 0
@@ -370,7 +371,10 @@ def analyse(cells: dict, p: ScalePlan) -> dict:
     lr_cells = {k[2]: v for k, v in cells.items() if k[0] == mid and k[1] == p.main_tpp}
     best = {}
     for a in p.arms:
-        means = {lr: _ms(x["loss"] for x in c.get(a, {}).values())[0] for lr, c in lr_cells.items() if c.get(a)}
+        # the mean over the seeds that every learning rate of the arm has (the shared LR has more seeds)
+        runs = [c[a] for c in lr_cells.values() if c.get(a)]
+        common = set.intersection(*(set(r) for r in runs)) if runs else set()
+        means = {lr: _ms(c[a][s]["loss"] for s in common)[0] for lr, c in lr_cells.items() if c.get(a) and common}
         if means:
             lr = min(means, key=means.get)
             best[a] = lr

@@ -66,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--data", nargs="+", default=None, metavar="DATA",
                    help="text files or directories (their text files, sorted), read in the order given, documents "
                         "kept whole; or aliases of files under ../shared/data: %s (default tinystories; "
-                        "--scale-sweep: wikitext2-train enwiki)" % ", ".join(C.DATASETS))
+                        "--scale-sweep: enwiki wikitext2-train)" % ", ".join(C.DATASETS))
     p.add_argument("--eval-file", action="append", default=[], metavar="FILE",
                    help="also evaluate every run on this text file (repeatable; same tokenizer and block size; "
                         "perplexity per file in results.json)")
@@ -102,7 +102,7 @@ def parse_args(argv=None):
     p.add_argument("--copy-plots", default=None, help="also copy the PNG plots into this directory")
     args = p.parse_args(argv)
     if args.data is None:
-        args.data = ["wikitext2-train", "enwiki"] if args.scale_sweep else ["tinystories"]
+        args.data = ["enwiki", "wikitext2-train"] if args.scale_sweep else ["tinystories"]
     return args
 
 
