@@ -381,22 +381,14 @@ def step0_diagnostics(model, probe_ids: torch.Tensor) -> dict:
 
 def kappa_callback(val_dataset, probe: tuple, steps: set[int]):
     """``hf_condinit.callbacks.ConditionNumberCallback`` on the held-out split (``probe`` = (sequences, tokens),
-    distinct first tokens), causal and unmasked κ, at the given optimizer ``steps`` (0 = before training). A model
-    with spectral conditioning is measured on a merged copy (W + C): the diagnostic reads the layout's weight views,
-    which do not include the holder's C."""
-    import hf_condinit
+    distinct first tokens), causal and unmasked κ, at the given optimizer ``steps`` (0 = before training). The
+    diagnostic measures the weights the forward uses (W + C under spectral conditioning)."""
     from hf_condinit.callbacks import ConditionNumberCallback
 
     class _AtSteps(ConditionNumberCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step in steps:
                 self._measure(args, state, model)
-
-        def _measure(self, args, state, model):
-            if model is not None and any("condinit_spectral" in n for n, _ in model.named_modules()):
-                model = copy.deepcopy(model)
-                hf_condinit.merge_spectral(model)
-            super()._measure(args, state, model)
 
     return _AtSteps(dataset=val_dataset, probe_size=probe[0], probe_length=probe[1], every_n_steps=0,
                     at_train_begin=0 in steps, include_unmasked=True)
