@@ -8,7 +8,8 @@ attribute                    state                                              
 ===========================  ==========================================================  =========================
 ``condinit_affine``          parameter ``weight`` = W_a, shape **(H, D)** (``nn.Linear``   ``affine_scaled``
                              orientation: α = φ(F.linear(X, weight)), i.e. W_a of the
-                             paper is ``weight.T``); persistent fp32 buffer ``alpha_ma`` (H,)
+                             paper is ``weight.T``); persistent fp32 buffer
+                             ``alpha_ma`` (H,)
 ``condinit_sink``            parameter ``logit`` (H,)                                     ``attention_sink``
 ``condinit_spectral_<roles>``  persistent buffer ``C`` shaped like the projection's       spectral conditioning
                              ``weight`` (one holder per projection *module*: ``qkv`` for
@@ -176,9 +177,10 @@ class AffineScaledHolder(CondInitHolder):
     def alpha_ma_for_forward(self, alpha: torch.Tensor, real: torch.Tensor | None, rho: float) -> torch.Tensor:
         """The α_ma this forward uses, (H,) fp32 and detached; a training forward then updates α_ma.
 
-        METHODS.md §5 order: the output uses α_ma as it stood *before* this batch; then, in training forward passes
-        only (never in eval, never in the gradient-checkpointing re-forward), α_ma ← ρ·α_ma + (1 − ρ)·mean(α) over
-        the real tokens. ``alpha``: (B, Q, H); ``real``: (B or 1, Q) bool, None = every token is real.
+        METHODS.md §5 order: the output uses α_ma as it stood *before* this batch; then, in training forward
+        passes only (never in eval, never in the gradient-checkpointing re-forward),
+        α_ma ← ρ·α_ma + (1 − ρ)·mean(α) over the real tokens.
+        ``alpha``: (B, Q, H); ``real``: (B or 1, Q) bool, None = every token is real.
         """
         if not self.training:
             return self.alpha_ma.detach().clone()

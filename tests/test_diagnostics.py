@@ -407,9 +407,12 @@ def _forward_weights(attn, D):
     return W[:, :D], W[:, D : 2 * D], W[:, 2 * D :]
 
 
-@pytest.mark.parametrize("lam", [1.0, 10.0])
-def test_spectral_kappa_measures_the_forward_weights(lam):
-    """κ(J) of a spectral model equals an autograd Jacobian of the attention output w.r.t. the forward's weights."""
+@pytest.mark.parametrize(
+    "impl, lam",
+    [("sdpa", 1.0), ("sdpa", 10.0), ("affine_scaled", 1.0), ("attention_sink", None), ("preconditioned", None)],
+)
+def test_kappa_measures_the_forward_weights_of_every_variant(impl, lam):
+    """κ(J) equals an autograd Jacobian of the attention output w.r.t. the weights the forward uses (W + C)."""
     from transformers import AutoModelForCausalLM, GPT2Config
 
     import hf_condinit  # noqa: F401
@@ -417,7 +420,8 @@ def test_spectral_kappa_measures_the_forward_weights(lam):
     torch.manual_seed(0)
     config = GPT2Config(n_embd=4, n_head=1, n_layer=1, vocab_size=16, n_positions=8, attn_pdrop=0.0,
                         resid_pdrop=0.0, embd_pdrop=0.0)
-    model = AutoModelForCausalLM.from_config(config, condinit={"method": "default", "spectral_lambda": lam}).eval()
+    condinit = {"method": "default", "spectral_lambda": lam}
+    model = AutoModelForCausalLM.from_config(config, condinit=condinit, attn_implementation=impl).eval()
     ids = torch.tensor([[1, 5, 9, 2, 7], [3, 8, 4, 11, 6]])
     rep = attention_jacobian_condition_number(model, ids, method="svd")
     X = capture_attention_inputs(model, ids)[0].to(F64)

@@ -24,7 +24,14 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from ._common import condinit_options, crop_for_causal, effective_causal, get_holder, visible_from_mask, wants_attentions
+from ._common import (
+    condinit_options,
+    crop_for_causal,
+    effective_causal,
+    get_holder,
+    visible_from_mask,
+    wants_attentions,
+)
 from .reference import affine_scaled_reference
 
 __all__ = ["affine_scaled_attention_forward", "mean_visible"]

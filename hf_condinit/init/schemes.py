@@ -57,11 +57,11 @@ def mimetic_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitC
     W_Q^h W_K^hᵀ is A's best rank-d approximation. Under GQA a KV head's W_K comes from the first query head of its
     group as above, and every other query head h of the group gets the least-squares
     W_Q^h = T_h W_K (W_Kᵀ W_K)⁻¹ for its own target T_h, so every head carries its β1·I term as far as the shared
-    W_K allows (for the first head that formula gives L[:, :d] again). Per layer: A2 = α2·Z + sign·β2·I = L R, KV head j: W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h),
-    group size G) gets W_O^h = R[g·d:(g+1)·d] / G, so the expanded W_V W_O equals A2's best rank-(H_kv·d)
-    approximation (exactly A2 when H·d = D). Draw order: Z for each query head, then the VO Z. Biases untouched.
-    Needs all four roles; a block whose Q/K or V/O pair is partly loaded keeps the loaded pair and the other is
-    skipped as a whole.
+    W_K allows (for the first head that formula gives L[:, :d] again). Per layer: A2 = α2·Z + sign·β2·I = L R,
+    KV head j: W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h), group size G) gets W_O^h = R[g·d:(g+1)·d] / G,
+    so the expanded W_V W_O equals A2's best rank-(H_kv·d) approximation (exactly A2 when H·d = D). Draw order: Z
+    for each query head, then the VO Z. Biases untouched. Needs all four roles; a block whose Q/K or V/O pair is
+    partly loaded keeps the loaded pair and the other is skipped as a whole.
     """
     d, group = g.head_dim, g.n_heads // g.n_kv_heads
     written = []
