@@ -37,7 +37,7 @@ from typing import Any
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from . import api
-from .config import CondInitConfig, resolve_condinit
+from .config import CondInitConfig, check_options_apply, resolve_condinit
 from .layouts import get_layout
 from .registry import ATTENTION_VARIANTS
 
@@ -96,7 +96,11 @@ def _needs_variant(config) -> bool:
 def _from_config(cls, config, **kwargs):
     config = copy.deepcopy(config)  # HF's _from_config and our hooks write to it; the caller's object stays as is
     if "condinit" in kwargs:
-        resolved = resolve_condinit(kwargs.pop("condinit"))
+        value = kwargs.pop("condinit")
+        if isinstance(value, dict):  # what the user typed: refuse options the recipe never reads
+            check_options_apply(value, attention=kwargs.get("attn_implementation")
+                                or getattr(config, "_attn_implementation", None))
+        resolved = resolve_condinit(value)
         config.condinit = resolved.to_dict() if resolved is not None else None
     model = _original("_from_config")(cls, config, **kwargs)
     cfg = api.resolved_condinit(model.config)

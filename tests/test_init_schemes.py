@@ -223,3 +223,19 @@ def test_bad_condinit_values(value, pattern):
         AutoModel.from_config(mini_config("gpt2"), condinit=value)
     with pytest.raises(ValueError, match=pattern):
         hf_condinit.apply_init(AutoModel.from_config(mini_config("gpt2")), value)
+
+
+def test_from_config_refuses_options_the_recipe_never_reads():
+    """issue 11.17 at the library level: a user's condinit dict with an option its method (or attention) ignores is an
+    error naming the option, not a silently recorded no-op; the same options are accepted where they are read."""
+    cfg = mini_config("gpt2")
+    with pytest.raises(ValueError, match="value_init is read by method 'conditioned' only"):
+        AutoModelForCausalLM.from_config(cfg, condinit={"method": "mimetic", "value_init": "per_head"})
+    with pytest.raises(ValueError, match="affine_rho is read by attention 'affine_scaled' only"):
+        AutoModelForCausalLM.from_config(cfg, condinit={"method": "default", "affine_rho": 0.5},
+                                         attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(cfg, condinit={"method": "default", "affine_rho": 0.5},
+                                             attn_implementation="affine_scaled")
+    assert model.config.condinit["affine_rho"] == 0.5
+    model = AutoModelForCausalLM.from_config(cfg, condinit={"method": "orthogonal", "value_init": "per_head"})
+    assert model.config.condinit["method"] == "conditioned" and model.config.condinit["value_init"] == "per_head"
