@@ -347,20 +347,6 @@ def _build_family(torch, family: str, impl: str, dtype, device, tiny: bool = Fal
     return model
 
 
-def _randomise_holders(torch, model) -> None:
-    """Non-trivial holder values (like the CPU tests): random W_a, α_ma, sink logits, drawn on CPU."""
-    from hf_condinit.modules import AffineScaledHolder, AttentionSinkHolder
-
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, AffineScaledHolder):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 3.0)
-                m.alpha_ma.copy_(torch.rand(m.alpha_ma.shape, generator=gen))
-            elif isinstance(m, AttentionSinkHolder):
-                m.logit.copy_(torch.randn(m.logit.shape, generator=gen))
-
-
 def _inputs(torch, model, padded: bool, device):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (2, SEQ_B), generator=gen)
@@ -421,7 +407,7 @@ def part_b(ctx: dict, record) -> None:
 
     torch = _torch_setup(ctx)
     from hf_condinit.attention import merge_spectral
-    from hf_condinit.attention.reference import register_references
+    from hf_condinit.attention.reference import randomise_holders, register_references
     from hf_condinit.layouts import get_layout
 
     register_references()
@@ -457,7 +443,7 @@ def part_b(ctx: dict, record) -> None:
                 for padded in paddings:
                     def run(family=family, variant=variant, dtype_name=dtype_name, padded=padded):
                         model = _build_family(torch, family, variant, torch.float32, device, tiny=smoke)
-                        _randomise_holders(torch, model)
+                        randomise_holders(model)
                         low = in_dtype(model, dtype_name) if dtype_name != "fp32" else None
                         start = copy.deepcopy(model.state_dict())
                         ids, mask = _inputs(torch, model, padded, device)
@@ -486,7 +472,7 @@ def part_b(ctx: dict, record) -> None:
             for dtype_name in dtypes_for("kv"):
                 def run(family=family, variant=variant, dtype_name=dtype_name):
                     model = _build_family(torch, family, variant, torch.float32, device, tiny=smoke).eval()
-                    _randomise_holders(torch, model)
+                    randomise_holders(model)
                     ids, _ = _inputs(torch, model, False, device)
                     mask = torch.ones_like(ids)
                     mask[0, :3] = 0

@@ -17,7 +17,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 import hf_condinit
 import hf_condinit.attention as attention
-from hf_condinit.attention.reference import register_references
+from hf_condinit.attention.reference import randomise_holders, register_references
 from hf_condinit.modules import AffineScaledHolder, AttentionSinkHolder
 from hf_condinit.registry import ATTENTION_VARIANTS
 from utils import mini_config
@@ -44,17 +44,6 @@ def build(family: str, impl: str, dtype=torch.float32, seed: int = 0, **condinit
     model = cls.from_config(config, **kwargs).to(dtype)
     randomise_holders(model, seed)
     return model
-
-
-def randomise_holders(model, seed: int = 0) -> None:
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, AffineScaledHolder):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 3.0)
-                m.alpha_ma.copy_(torch.rand(m.alpha_ma.shape, generator=gen))
-            elif isinstance(m, AttentionSinkHolder):
-                m.logit.copy_(torch.randn(m.logit.shape, generator=gen))
 
 
 def inputs(family: str, model, padded: bool, batch: int = 2, seed: int = 0) -> dict:

@@ -157,3 +157,19 @@ def register_references() -> list[str]:
         AttentionInterface.register(name, fn)
         AttentionMaskInterface.register(name, sdpa_mask)
     return list(REFERENCES)
+
+
+def randomise_holders(model: nn.Module, seed: int = 0) -> None:
+    """Give the variants' holders non-trivial values for a comparison with the references: affine W_a ~ N(0, 3²),
+    α_ma ~ U(0, 1), sink logits ~ N(0, 1), drawn on CPU from ``torch.Generator().manual_seed(seed + 1)`` (the same
+    values on every device), in place. The zero inits would make affine_scaled and the sink trivial."""
+    from ..modules import AffineScaledHolder, AttentionSinkHolder
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, AffineScaledHolder):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 3.0)
+                m.alpha_ma.copy_(torch.rand(m.alpha_ma.shape, generator=gen))
+            elif isinstance(m, AttentionSinkHolder):
+                m.logit.copy_(torch.randn(m.logit.shape, generator=gen))
