@@ -19,6 +19,7 @@ it; several workers may share the directory: runs in progress are claimed with l
     python benchmarks/compare.py --sweep               # + the built-in sensitivity sweep (conditioned vs default)
     python benchmarks/compare.py --sweep qk_gain=0.25 lr=3e-4 n_layer=8   # a custom sweep
     python benchmarks/compare.py --report-only         # rebuild results.* from the finished runs
+    python benchmarks/compare.py --task vision         # ViT on CIFAR-10 (benchmarks/_vision.py; --quick, --report-only)
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ SWEEP_KEYS = ("qk_gain", "v_gain", "lr", "n_layer", "n_embd", "n_head", "steps",
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["lm", "vision"], default="lm",
+                   help="lm (this mode) or vision: ViT on CIFAR-10, its own flags (benchmarks/_vision.py --help)")
     p.add_argument("--data", default="tinystories",
                    help="'tinystories', 'wikitext' (files under ../shared/data) or a path to a text file")
     p.add_argument("--out", default=None, help="output directory (default benchmarks/results/compare[_quick])")
@@ -564,6 +567,11 @@ def report(args, out: str, settings: dict) -> dict:
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--task=vision" in argv or any(a == "--task" and b == "vision" for a, b in zip(argv, argv[1:])):
+        import _vision  # ViT on CIFAR-10 (issue 12): its own flags, see benchmarks/_vision.py
+
+        return _vision.main(argv)
     args = parse_args(argv)
     out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "compare_quick" if args.quick else "compare")
     os.makedirs(out, exist_ok=True)

@@ -59,8 +59,8 @@ MINI_CONFIGS = {
                 patch_size=4),
     "deit": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, image_size=8,
                  patch_size=4),
-    # two stages (widths 16, 32; 2 and 4 heads), window 2 on a 4x4 patch grid: both W-MSA and shifted SW-MSA blocks
-    "swin": dict(embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=2, image_size=16, patch_size=4,
+    # two stages of one block (widths 16 and 32, 2 and 4 heads: the geometry changes per block), window 2
+    "swin": dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=2, image_size=16, patch_size=4,
                  mlp_ratio=2.0),
     "llama": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                   intermediate_size=64, vocab_size=64, max_position_embeddings=32, attention_bias=True),
