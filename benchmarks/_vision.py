@@ -92,11 +92,12 @@ def parse_args(argv=None):
     p.add_argument("--task", choices=["vision"], default="vision")
     p.add_argument("--out", default=None, help="output directory (default benchmarks/results/vision[_quick])")
     p.add_argument("--quick", action="store_true",
-                   help="tiny ViT, 2 arms, 1 seed, 256 training / 200 test images, 6 steps (≤ 60 s on 2 idle cores)")
+                   help="tiny ViT, 2 arms, 1 seed, 250 training / 200 test images, 6 steps (≤ 60 s on 2 idle cores)")
     p.add_argument("--arms", nargs="+", default=None, help=f"subset of {list(ARMS)}")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; quick 1)")
     p.add_argument("--sizes", type=int, nargs="+", default=None,
-                   help="training-set sizes; 0 = all 20,000 images (default: 0 5000; quick: 256)")
+                   help="training-set sizes (class-balanced subsets); 0 = all 20,000 images (default: 0 5000; "
+                        "quick: 250)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 160; quick 6)")
     p.add_argument("--batch-size", type=int, default=None, help="default 128 (quick 16)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
@@ -122,7 +123,7 @@ def plan(args) -> list[VisionSpec]:
     if unknown:
         raise SystemExit(f"--arms: unknown {sorted(unknown)}; known: {list(ARMS)}")
     seeds = args.seeds if args.seeds is not None else (1 if q else 3)
-    sizes = args.sizes or ([256] if q else [0, 5000])
+    sizes = args.sizes or ([250] if q else [0, 5000])
     steps = args.steps or (6 if q else 160)
     common = dict(
         steps=steps,
@@ -435,8 +436,9 @@ def markdown(results: dict) -> str:
     spec = results.get("spec", {})
     lines.append(f"Model `{spec.get('model_config')}` (overrides: {spec.get('config_overrides')}), "
                  f"{spec.get('steps')} steps × batch {spec.get('batch_size')}, AdamW lr {spec.get('lr')} cosine, "
-                 f"weight decay {spec.get('weight_decay')}, random crop (pad 4) + flip. Top-1 on the whole test_dev "
-                 f"split (5,000 images); Δ = paired difference to default over seeds (percentage points).")
+                 f"weight decay {spec.get('weight_decay')}, random crop (pad 4) + flip. Top-1 on "
+                 f"{results['n_test']} test_dev images; Δ = paired difference to default over seeds (percentage "
+                 f"points).")
     lines.append("Seed paper Table 2 (ViT-T, CIFAR-10, full training, top-1 %): default 92.4 / mimetic 93.6 / "
                  "conditioned 94.1 — a far larger scale: compare the arms with each other.")
     lines.append("")
@@ -480,8 +482,10 @@ def markdown(results: dict) -> str:
                          f"| {pair('attn_out_rms')} | {_f(a['step0']['logits_std'], 3)} | "
                          f"{_f(a['initial_curve_loss'])} |")
         lines.append("")
-    lines.append(f"Runs: {results['n_runs']}; total training time {results['total_train_seconds']:.0f} s; "
-                 f"machine: {json.dumps(results['machine'])}.")
+    m = results["machine"]
+    lines.append(f"Runs: {results['n_runs']}; total training time {results['total_train_seconds']:.0f} s; machine: "
+                 f"{m.get('cpu')}, {m.get('cpu_count')} cores, torch {m.get('torch')}, transformers "
+                 f"{m.get('transformers')} (shared machine: see each run's loadavg_1m_at_end).")
     return "\n".join(lines) + "\n"
 
 
@@ -531,7 +535,7 @@ def report(out: str) -> dict:
     any_rec = recs[order[0]][0]
     spec = {k: v for k, v in any_rec["spec"].items() if k not in ("arm", "seed", "setting", "n_train")}
     results = {"machine": C.machine_info(), "spec": spec,
-               "n_train": {n: recs[n][0]["n_train"] for n in order},
+               "n_train": {n: recs[n][0]["n_train"] for n in order}, "n_test": any_rec["n_test"],
                "settings": {n: aggregate(recs[n]) for n in order},
                "n_runs": sum(len(v) for v in recs.values()),
                "total_train_seconds": sum(r["train_seconds"] for v in recs.values() for r in v)}
