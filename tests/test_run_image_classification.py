@@ -167,3 +167,18 @@ def test_real_cifar_slice(tmp_path):
 def test_bad_data_flags_fail_before_any_work(tmp_path, flags, message):
     with pytest.raises(ValueError, match=message):
         run_ic.main([*flags, "--output_dir", str(tmp_path / "out"), "--do_train"])
+
+
+def test_swin_from_a_config_path(tmp_path):
+    from transformers import SwinConfig
+
+    SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
+               mlp_ratio=2.0).save_pretrained(tmp_path / "swin")
+    train = _parquet(tmp_path / "train.parquet", 16, seed=0)
+    out = str(tmp_path / "out")
+    common = [a for a in COMMON if a not in ("vit-cpu-cifar", TINY, "--model_config", "--config_overrides")]
+    run_ic.main(["--init", "conditioned", "--model_config", str(tmp_path / "swin"), "--train_file", train,
+                 "--validation_file", train, "--output_dir", out, *common])
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["model_type"] == "swin" and config["condinit"]["layout"] == "swin_qkvo_proj"
+    assert 0.0 <= _eval_results(out)["eval_accuracy"] <= 1.0
