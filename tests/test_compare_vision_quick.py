@@ -15,9 +15,37 @@ import pytest
 from utils import REPO, load_script
 
 CIFAR = REPO.parent / "shared" / "data" / "cifar10"
-pytestmark = pytest.mark.skipif(not (CIFAR / "train.parquet").exists(), reason="needs ../shared/data/cifar10")
 
 
+def _vision():
+    load_script("benchmarks/compare.py", "hf_condinit_bench_compare")  # puts benchmarks/ on sys.path
+    return load_script("benchmarks/_vision.py", "_vision")
+
+
+def test_crossing_step_interpolates_between_curve_points():
+    crossing_step = _vision().crossing_step
+    curve = [dict(step=0, accuracy=0.1), dict(step=40, accuracy=0.3), dict(step=80, accuracy=0.5)]
+    assert crossing_step(curve, 0.4) == pytest.approx(60.0)
+    assert crossing_step(curve, 0.05) == 0.0
+    assert crossing_step(curve, 0.5) == pytest.approx(80.0)
+    assert crossing_step(curve, 0.6) is None
+
+
+def test_balanced_subset_takes_the_same_count_per_class(tmp_path):
+    import datasets
+
+    labels = [0] * 30 + [1] * 12 + [2] * 20  # sorted by class, unbalanced, like a class-sorted file
+    src = tmp_path / "src.parquet"
+    datasets.Dataset.from_dict({"label": labels, "idx": list(range(len(labels)))}).to_parquet(str(src))
+    dst = _vision().balanced_subset(str(src), 30, str(tmp_path / "sub.parquet"))
+    sub = datasets.load_dataset("parquet", data_files=dst, split="train")
+    assert sub["label"] == [0, 1, 2] * 10  # 10 per class, interleaved
+    assert len(set(sub["idx"])) == 30 and all(labels[i] == y for i, y in zip(sub["idx"], sub["label"]))
+    with pytest.raises(SystemExit, match="fewer than"):
+        _vision().balanced_subset(str(src), 45, str(tmp_path / "too_many.parquet"))
+
+
+@pytest.mark.skipif(not (CIFAR / "train.parquet").exists(), reason="needs ../shared/data/cifar10")
 def test_compare_vision_quick(tmp_path):
     compare = load_script("benchmarks/compare.py", "hf_condinit_bench_compare")
     out = tmp_path / "vq"
