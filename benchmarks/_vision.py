@@ -454,15 +454,15 @@ def markdown(results: dict) -> str:
             st = [s for s in a["steps_to_default_final"]]
             st_txt = ", ".join("never" if s is None else f"{s:.0f}" for s in st)
             ki, ke = a["kappa_init"], a["kappa_end"]
-            kit = "–" if not ki else f"{_f(ki['mean'], 0)} / {_f(ki['max'], 0)}"
-            ket = "–" if not ke else f"{_f(ke['mean'], 0)} / {_f(ke['max'], 0)}"
+            kit = "–" if not ki else f"{_f(ki['mean'], 0)} / {_f(ki['max'], 0)} ({ki['n_saturated']} sat.)"
+            ket = "–" if not ke else f"{_f(ke['mean'], 0)} / {_f(ke['max'], 0)} ({ke['n_saturated']} sat.)"
             lines.append(f"| {arm} | {len(a['seeds'])} | {_pct(a['acc_mean'], a['acc_std'])} | {d} | "
                          f"{_f(a['loss_mean'])} | {st_txt} (of {a['run_steps']}) | {kit} | {ket} | "
                          f"{_f(a['images_per_second'], 0)} |")
         lines.append("")
         lines.append(f"Default's final curve accuracy (1,000-image subset): {_f(n['default_final_curve_accuracy'])}. "
                      "κ: one test image, layers " + ", ".join(str(l["layer"]) for l in (n["kappa_init"] or n["kappa_end"] or {"layers": []})["layers"]) +
-                     ", first seed; values at the float64 resolution (saturated heads) are lower bounds.")
+                     ", first seed; \"sat.\": heads whose κ hit the float64 resolution (their value is a lower bound).")
         lines.append("")
         lines.append("Step-0 diagnostics (first seed; per layer first / last): attention entropy vs uniform log N, "
                      "logit std, max prob, RMS of X / Q / K / V / attention output; initial curve loss.")
