@@ -25,6 +25,7 @@ several workers may share the directory: runs in progress are claimed with lock 
     python benchmarks/compare.py --sweep qk_gain=0.25 lr=3e-4 n_layer=8   # a custom sweep
     python benchmarks/compare.py --report-only         # rebuild results.* from the finished runs
     python benchmarks/compare.py --scale-sweep         # the scale sweep of issue 13 (benchmarks/_scale.py)
+    python benchmarks/compare.py --task vision         # ViT on CIFAR-10 (benchmarks/_vision.py; --quick, --report-only)
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ SWEEP_KEYS = ("qk_gain", "v_gain", "lr", "n_layer", "n_embd", "n_head", "steps",
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["lm", "vision"], default="lm",
+                   help="lm (this mode) or vision: ViT on CIFAR-10, its own flags (benchmarks/_vision.py --help)")
     p.add_argument("--scale-sweep", action="store_true",
                    help="the scale sweep of issue 13 (benchmarks/_scale.py): sizes × arms × seeds, a length and an "
                         "LR sweep at the middle size, the trend of the gap to default; with --quick, --report-only")
@@ -600,6 +603,11 @@ def report(args, out: str, settings: dict) -> dict:
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--task=vision" in argv or any(a == "--task" and b == "vision" for a, b in zip(argv, argv[1:])):
+        import _vision  # ViT on CIFAR-10 (issue 12): its own flags, see benchmarks/_vision.py
+
+        return _vision.main(argv)
     args = parse_args(argv)
     if args.scale_sweep:
         import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)

@@ -566,11 +566,12 @@ class CondInitTrainer(_Trainer):
         super()._issue_warnings_after_load(load_result)
 
 
-def make_condition_number_callback(cond_args: CondInitArguments, dataset, trainer=None):
+def make_condition_number_callback(cond_args: CondInitArguments, dataset, trainer=None, probe_inputs=None):
     """``hf_condinit.callbacks.ConditionNumberCallback`` for ``--log_condition_number_every N`` (``None`` when 0).
 
     The probe (``--condition_number_probe_size`` sequences × ``--condition_number_probe_length`` tokens) is built by
-    the callback from the first examples of ``dataset`` (real tokens, distinct first tokens); κ goes through
+    the callback from the first examples of ``dataset`` (real tokens, distinct first tokens), unless ``probe_inputs``
+    gives it (e.g. a (B, C, H, W) image batch for a vision model; ``dataset`` is then unused); κ goes through
     ``trainer.log`` (keys ``kappa/...``) and to ``<output_dir>/condition_number.jsonl``.
     """
     if not cond_args.log_condition_number_every:
@@ -578,7 +579,8 @@ def make_condition_number_callback(cond_args: CondInitArguments, dataset, traine
     from hf_condinit.callbacks import ConditionNumberCallback
 
     callback = ConditionNumberCallback(
-        dataset=dataset,
+        probe_inputs,
+        dataset=None if probe_inputs is not None else dataset,
         probe_size=cond_args.condition_number_probe_size,
         probe_length=cond_args.condition_number_probe_length,
         every_n_steps=cond_args.log_condition_number_every,

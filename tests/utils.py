@@ -59,6 +59,9 @@ MINI_CONFIGS = {
                 patch_size=4),
     "deit": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, image_size=8,
                  patch_size=4),
+    # two stages of one block (widths 16 and 32, 2 and 4 heads: the geometry changes per block), window 2
+    "swin": dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=2, image_size=16, patch_size=4,
+                 mlp_ratio=2.0),
     "llama": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                   intermediate_size=64, vocab_size=64, max_position_embeddings=32, attention_bias=True),
     "mistral": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=2,
@@ -71,7 +74,7 @@ MINI_CONFIGS = {
                          vocab_size=64, max_position_embeddings=32),
 }
 
-VISION_TYPES = {"vit", "deit"}
+VISION_TYPES = {"vit", "deit", "swin"}
 
 
 def mini_config(model_type: str, **overrides):

@@ -98,7 +98,8 @@ def capture_attention_inputs(model: nn.Module, input_ids: torch.Tensor, attentio
 
     Args:
         model (`nn.Module`): a Transformers model whose ``config.model_type`` has a layout.
-        input_ids (`torch.Tensor`): ``(B, N)`` probe token ids (moved to the model's device).
+        input_ids (`torch.Tensor`): ``(B, N)`` probe token ids, or for a vision model a floating-point ``(B, C, H, W)``
+            image batch passed as ``pixel_values`` (moved to the model's device).
         attention_mask (`torch.Tensor`, *optional*): ``(B, N)``, 1 = real token.
         layers (`Sequence[int]`, *optional*): layer ordinals to capture (default: all; negative ones count from the end).
 
@@ -126,7 +127,8 @@ def capture_attention_inputs(model: nn.Module, input_ids: torch.Tensor, attentio
     device = _first_param_device(model)
     try:
         model.eval()
-        kwargs = {"input_ids": input_ids.to(device)}
+        # A floating-point probe is an image batch (B, C, H, W) for a vision model (ViT, DeiT, Swin).
+        kwargs = {"pixel_values" if input_ids.is_floating_point() else "input_ids": input_ids.to(device)}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask.to(device)
         with torch.no_grad():

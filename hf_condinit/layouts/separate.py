@@ -6,7 +6,7 @@ from torch import nn
 
 from .base import AttentionLayout, HeadGeometry, Projection
 
-__all__ = ["SeparateQKVLayout"]
+__all__ = ["SeparateQKVLayout", "PerBlockSeparateQKVLayout"]
 
 
 class SeparateQKVLayout(AttentionLayout):
@@ -38,3 +38,19 @@ class SeparateQKVLayout(AttentionLayout):
             role: Projection(module.get_submodule(path), role, g.heads_for(role), g.head_dim, storage="linear")
             for role, path in self.paths.items()
         }
+
+
+class PerBlockSeparateQKVLayout(SeparateQKVLayout):
+    """Separate q/k/v/o ``nn.Linear`` layers in blocks whose width and head count change along the model (Swin: each
+    stage doubles the width and has its own ``num_heads[stage]``), so the geometry is read from the block itself:
+    D = ``q.in_features``, H = ``block.num_attention_heads``, d = ``block.head_dim`` (no GQA); the model config is
+    only used for the other layouts' shared signature."""
+
+    def geometry(self, module: nn.Module, config) -> HeadGeometry:
+        core = self.core_module(module)
+        n_heads = int(core.num_attention_heads)
+        q = module.get_submodule(self.paths["q"])
+        geometry = HeadGeometry(hidden=q.in_features, n_heads=n_heads, n_kv_heads=n_heads,
+                                head_dim=int(getattr(core, "head_dim", q.out_features // n_heads)))
+        self._check_shapes(module, geometry)
+        return geometry

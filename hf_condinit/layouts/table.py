@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..registry import register_layout
 from .fused import Gpt2FusedLayout, InterleavedQKVLayout
-from .separate import SeparateQKVLayout
+from .separate import PerBlockSeparateQKVLayout, SeparateQKVLayout
 
 _BERT_LIKE = SeparateQKVLayout(
     q="self.query", k="self.key", v="self.value", o="output.dense", core="self", name="bert_separate"
@@ -18,6 +18,9 @@ MODEL_TYPE_TO_LAYOUT = {
     "roberta": _BERT_LIKE,
     "vit": _QKVO_PROJ,
     "deit": _QKVO_PROJ,
+    # Swin: same names, but width and heads change per stage (read from each block); window attention with a
+    # relative position bias added as an attention mask.
+    "swin": PerBlockSeparateQKVLayout(q="q_proj", k="k_proj", v="v_proj", o="o_proj", name="swin_qkvo_proj"),
     "llama": _QKVO_PROJ,
     "mistral": _QKVO_PROJ,
     "qwen2": _QKVO_PROJ,

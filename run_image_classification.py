@@ -1,0 +1,319 @@
+#!/usr/bin/env python
+"""Image classification from scratch (ViT, DeiT, Swin) with conditioned / mimetic init, in the style of HF's
+``examples/pytorch/image-classification/run_image_classification.py``.
+
+    python run_image_classification.py --init mimetic --model_config vit-cpu-cifar \\
+        --train_file ../shared/data/cifar10/train.parquet --validation_file ../shared/data/cifar10/test_dev.parquet \\
+        --do_train --do_eval --max_steps 300 --per_device_train_batch_size 64 --output_dir out/vit-mimetic
+
+- Data: ``--dataset_name`` (hub; needs network or a local datasets cache) or local ``--train_file`` /
+  ``--validation_file``, each a ``datasets`` parquet file (an ``Image`` column and a ``ClassLabel`` column) or an
+  imagefolder directory (``<dir>/<class name>/<image>``). Without validation data, ``--train_val_split`` of the
+  training rows become the validation split (as in HF's example). Columns are found from the features unless
+  ``--image_column_name`` / ``--label_column_name`` are given (``hf_condinit.vision``).
+- Model: built from config (``--model_config``: a name in ``configs/`` such as ``vit-cpu-cifar`` / ``vit-tiny-cifar``,
+  or a path; ``--config_overrides``), the number of labels and their names taken from the data, with ``--init``,
+  ``--attention`` and the method options of ``hf_condinit.scripts_common.CondInitArguments`` (shared with
+  ``run_clm.py`` / ``run_mlm.py`` / ``run_glue.py``). ``--model_name_or_path`` loads a checkpoint instead (never
+  re-initialised). The image processor is a ``ViTImageProcessor`` built locally from the config (size, mean / std
+  0.5), or ``--image_processor_name``; it is saved with the model.
+- Transforms (``hf_condinit.vision.ImageTransform``): training images get a random crop with zero padding
+  (``--random_crop_padding``, 4) and a random horizontal flip (``--no_horizontal_flip`` to disable), the usual
+  CIFAR augmentation; every image is scaled to [0, 1] and normalised with the processor's mean / std.
+- Training recipe as defaults (small-data ViT): AdamW lr 1e-3, weight decay 0.05 (not on biases, norms and
+  ``condinit_`` holders: ``CondInitTrainer``), cosine schedule with 5 % warm-up, gradient clipping 1.0, batch 128.
+- Metrics: top-1 accuracy through the ``evaluate`` module shipped in the package (loaded by path, no hub), in
+  ``<output_dir>/eval_results.json`` as ``eval_accuracy``. ``--log_condition_number_every N`` logs κ(J) of every
+  attention head on a fixed probe of ``--condition_number_probe_size`` validation images (whole images: every patch
+  token; an encoder has no mask, so κ is the unmasked one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    TrainingArguments,
+    ViTImageProcessorPil,
+    set_seed,
+)
+
+import hf_condinit  # noqa: F401  (installs the hooks, registers the attention variants)
+from hf_condinit.scripts_common import (
+    CondInitArguments,
+    CondInitTrainer,
+    find_last_checkpoint,
+    log_deepspeed,
+    make_condition_number_callback,
+    parse_and_set_up,
+    parse_config_overrides,
+    train_and_save,
+)
+from hf_condinit.vision import (
+    ImageTransform,
+    check_image_source,
+    collate_fn,
+    image_and_label_columns,
+    load_accuracy_metric,
+    load_image_datasets,
+)
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+DEFAULT_MODEL_CONFIG = "vit-cpu-cifar"
+
+
+@dataclass
+class ModelArguments:
+    model_config: str | None = field(
+        default=None,
+        metadata={"help": "Model shape: a name in configs/ (vit-cpu-cifar, vit-tiny-cifar), a path to a config.json "
+                          "or a directory holding one. Default: vit-cpu-cifar. The model is trained from scratch."},
+    )
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A checkpoint to finetune instead (from_pretrained; never re-initialised)."}
+    )
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "Override config values, e.g. 'num_hidden_layers=4,hidden_size=96'."}
+    )
+    image_processor_name: str | None = field(
+        default=None, metadata={"help": "Image processor path or hub id. Default: a ViTImageProcessor from the config."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for hub downloads and datasets."})
+    token: str | None = field(default=None, metadata={"help": "Hub token (hub paths only)."})
+    ignore_mismatched_sizes: bool = field(
+        default=False, metadata={"help": "Allow a checkpoint whose head has another number of labels."}
+    )
+
+
+@dataclass
+class DataTrainingArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset, e.g. uoft-cs/cifar10 (network)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration."})
+    train_file: str | None = field(
+        default=None, metadata={"help": "Local training data: a .parquet file or an imagefolder directory."}
+    )
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Local validation data: a .parquet file or an imagefolder directory."}
+    )
+    train_val_split: float = field(
+        default=0.15, metadata={"help": "Without validation data: this fraction of the training rows becomes it."}
+    )
+    image_column_name: str | None = field(
+        default=None, metadata={"help": "Image column (default: the only Image feature, or 'image' / 'img')."}
+    )
+    label_column_name: str | None = field(
+        default=None, metadata={"help": "Label column (default: the only ClassLabel feature, or 'label' / 'labels')."}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Use N training images, drawn at random (--seed) as in HF's example."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Use N validation images, drawn at random (--seed) as in HF's example."}
+    )
+    random_crop_padding: int = field(
+        default=4, metadata={"help": "Training augmentation: zero padding before the random crop (0: no crop)."}
+    )
+    horizontal_flip: bool = field(
+        default=True, metadata={"help": "Training augmentation: random horizontal flip (--no_horizontal_flip)."}
+    )
+
+    def __post_init__(self):
+        if self.dataset_name is None and self.train_file is None and self.validation_file is None:
+            raise ValueError("run_image_classification.py needs data: --dataset_name, or --train_file / "
+                             "--validation_file (.parquet or an imagefolder directory)")
+        if self.dataset_name is not None and (self.train_file or self.validation_file):
+            raise ValueError("pass either --dataset_name or --train_file / --validation_file, not both")
+        for flag, path in (("--train_file", self.train_file), ("--validation_file", self.validation_file)):
+            if path is not None:
+                check_image_source(path, flag)
+        if not 0.0 < self.train_val_split < 1.0:
+            raise ValueError(f"--train_val_split must be in (0, 1), got {self.train_val_split}")
+        if self.random_crop_padding < 0:
+            raise ValueError(f"--random_crop_padding must be >= 0, got {self.random_crop_padding}")
+
+
+@dataclass
+class ImageTrainingArguments(TrainingArguments):
+    """TrainingArguments with a small-data ViT recipe as defaults (AdamW, cosine, 5 % warm-up)."""
+
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate."})
+    weight_decay: float = field(default=0.05, metadata={"help": "AdamW weight decay (not on biases / norms)."})
+    per_device_train_batch_size: int = field(default=128, metadata={"help": "Training batch size per device."})
+    per_device_eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per device."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
+    warmup_steps: float = field(default=0.05, metadata={"help": "Warm-up: fraction (< 1) or steps."})
+    optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (AdamW)."})
+    logging_steps: float = field(default=25, metadata={"help": "Log the training loss every N steps."})
+    save_strategy: str = field(default="no", metadata={"help": "Checkpointing: no (default), steps or epoch."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Keep the image column for the on-the-fly transform (HF example)."}
+    )
+
+
+def resolve_model_config(name: str):
+    """A config from a name in ``configs/`` (with or without ``.json``) or a path (file, or directory with
+    ``config.json``); ``ValueError`` listing the local configs otherwise."""
+    candidates = [name] if os.path.isabs(name) else [name, os.path.join(CONFIG_DIR, name),
+                                                      os.path.join(CONFIG_DIR, name + ".json")]
+    for path in candidates:
+        if os.path.isfile(path) or os.path.isfile(os.path.join(path, "config.json")):
+            return AutoConfig.from_pretrained(path)
+    local = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json")) if os.path.isdir(CONFIG_DIR) else []
+    raise ValueError(f"--model_config {name!r} is neither a config in {CONFIG_DIR} ({', '.join(local)}) nor a path")
+
+
+def label_names(dataset, label_column: str) -> list[str]:
+    """Class names of a ``ClassLabel`` column, else the sorted distinct values as strings."""
+    feature = dataset.features[label_column]
+    names = getattr(feature, "names", None)
+    if names:
+        return list(names)
+    return [str(v) for v in sorted(set(dataset[label_column]))]
+
+
+def probe_pixels(dataset, transform: ImageTransform, n: int):
+    """The first ``n`` images of ``dataset`` as a (n, C, H, W) batch through the evaluation ``transform``."""
+    n = min(n, len(dataset))
+    return transform.pixels(dataset.select(range(n))[transform.image_column]).sub(transform.mean).div(transform.std)
+
+
+def build_trainer(model_args, data_args, cond_args, training_args, attention_given: bool = True):
+    """Everything up to a ready ``CondInitTrainer`` (data, model, image processor, transforms, metric, κ callback).
+
+    Returns ``(trainer, train_dataset, eval_dataset)``. Shared with ``benchmarks/compare.py --task vision``."""
+    set_seed(training_args.seed)
+    condinit = cond_args.condinit_dict(training_args.seed)
+    config = None
+    if model_args.model_name_or_path is None:
+        config = resolve_model_config(model_args.model_config or DEFAULT_MODEL_CONFIG)
+        if model_args.config_overrides:
+            config.update(parse_config_overrides(model_args.config_overrides, config))
+
+    # ---- data ----
+    with training_args.main_process_first(desc="loading the images"):
+        raw = load_image_datasets(data_args.dataset_name, data_args.dataset_config_name, data_args.train_file,
+                                  data_args.validation_file, model_args.cache_dir, model_args.token)
+    if training_args.do_train and "train" not in raw:
+        raise ValueError("--do_train needs training data: pass --train_file (or a --dataset_name with a train split)")
+    if "validation" not in raw and "test" in raw and data_args.dataset_name is not None:
+        raw["validation"] = raw.pop("test")
+    if training_args.do_eval and "validation" not in raw:
+        if "train" not in raw:
+            raise ValueError("--do_eval needs validation data: pass --validation_file")
+        split = raw["train"].train_test_split(data_args.train_val_split, seed=training_args.seed)
+        raw["train"], raw["validation"] = split["train"], split["test"]
+    first = next(iter(raw.values()))
+    image_column, label_column = image_and_label_columns(first.features, data_args.image_column_name,
+                                                         data_args.label_column_name)
+    labels = label_names(first, label_column)
+    for split, n in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
+        if n is not None and split in raw and len(raw[split]) > n:  # shuffled first (files may be sorted by class)
+            raw[split] = raw[split].shuffle(seed=training_args.seed).select(range(n))
+
+    # ---- model and image processor ----
+    label_kwargs = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
+                    "label2id": {name: i for i, name in enumerate(labels)}}
+    if model_args.model_name_or_path:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
+                                            token=model_args.token, **label_kwargs)
+        kwargs = {"config": config, "cache_dir": model_args.cache_dir, "token": model_args.token,
+                  "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes}
+        if attention_given:
+            kwargs["attn_implementation"] = cond_args.attention
+        model = AutoModelForImageClassification.from_pretrained(model_args.model_name_or_path, **kwargs)
+        if cond_args.init != "default":
+            logger.warning("--init is ignored with --model_name_or_path (loaded weights are never re-initialised).")
+    else:
+        config.update(label_kwargs)
+        model = AutoModelForImageClassification.from_config(config, condinit=condinit,
+                                                            attn_implementation=cond_args.attention)
+    if model_args.image_processor_name or model_args.model_name_or_path:
+        image_processor = AutoImageProcessor.from_pretrained(
+            model_args.image_processor_name or model_args.model_name_or_path, cache_dir=model_args.cache_dir,
+            token=model_args.token)
+    else:
+        image_processor = ViTImageProcessorPil(size={"height": config.image_size, "width": config.image_size})
+    logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+                f"init={condinit['method']} seed={condinit['seed']}, attention={model.config._attn_implementation}, "
+                f"{len(labels)} labels")
+
+    # ---- transforms (HF example: set_transform per split) ----
+    size = image_processor.size
+    size = (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+    common = dict(image_column=image_column, label_column=label_column, size=size,
+                  mean=image_processor.image_mean, std=image_processor.image_std)
+    eval_transform = ImageTransform(**common, train=False)
+    train_dataset = eval_dataset = None
+    if training_args.do_train:
+        train_dataset = raw["train"]
+        train_dataset.set_transform(ImageTransform(**common, train=True, padding=data_args.random_crop_padding,
+                                                   flip=data_args.horizontal_flip, seed=training_args.seed))
+    if training_args.do_eval:
+        eval_dataset = raw["validation"]
+        eval_dataset.set_transform(eval_transform)
+
+    metric = load_accuracy_metric()
+
+    def compute_metrics(p):
+        return metric.compute(predictions=np.argmax(p.predictions, axis=1), references=p.label_ids)
+
+    trainer = CondInitTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        compute_metrics=compute_metrics,
+        processing_class=image_processor,
+        data_collator=collate_fn,
+    )
+    if cond_args.log_condition_number_every:
+        source = raw["validation"] if "validation" in raw else raw["train"]
+        probe = probe_pixels(source.with_format(None), eval_transform, cond_args.condition_number_probe_size)
+        make_condition_number_callback(cond_args, None, trainer, probe_inputs=probe)
+    return trainer, train_dataset, eval_dataset
+
+
+def main(argv: list[str] | None = None) -> dict:
+    (model_args, data_args, cond_args, training_args), attention_given = parse_and_set_up(
+        (ModelArguments, DataTrainingArguments, CondInitArguments, ImageTrainingArguments), argv, logger
+    )
+    if model_args.model_name_or_path is None:  # fail on a bad config before loading any data
+        resolve_model_config(model_args.model_config or DEFAULT_MODEL_CONFIG)
+    trainer, train_dataset, eval_dataset = build_trainer(model_args, data_args, cond_args, training_args,
+                                                         attention_given)
+    log_deepspeed(trainer, training_args, logger)
+
+    results: dict = {}
+    if training_args.do_train:
+        last_checkpoint = find_last_checkpoint(training_args, logger)
+        results.update(train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint))
+    if training_args.do_eval:
+        metrics = trainer.evaluate()
+        metrics["eval_samples"] = len(eval_dataset)
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+        results.update(metrics)
+    if trainer.is_world_process_zero():
+        summary = {k: results[k] for k in ("eval_accuracy", "eval_loss", "train_loss", "train_runtime",
+                                            "train_samples_per_second") if k in results}
+        print(f"run_image_classification result ({cond_args.init}, {cond_args.attention}) -> "
+              f"{training_args.output_dir}: " + json.dumps(summary))
+    return results
+
+
+def _mp_fn(index):
+    main()
+
+
+if __name__ == "__main__":
+    main()
