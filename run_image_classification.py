@@ -12,10 +12,11 @@
   training rows become the validation split (as in HF's example). Columns are found from the features unless
   ``--image_column_name`` / ``--label_column_name`` are given (``hf_condinit.vision``).
 - Model: built from config (``--model_config``: a name in ``configs/`` such as ``vit-cpu-cifar`` / ``vit-tiny-cifar``,
-  or a path; ``--config_overrides``), the number of labels and their names taken from the data, with ``--init``,
-  ``--attention`` and the method options of ``hf_condinit.scripts_common.CondInitArguments`` (shared with
-  ``run_clm.py`` / ``run_mlm.py`` / ``run_glue.py``). ``--model_name_or_path`` loads a checkpoint instead (never
-  re-initialised). The image processor is a ``ViTImageProcessor`` built locally from the config (size, mean / std
+  a path or a hub id, resolved as in ``run_clm.py`` by ``scripts_common.resolve_model_config``;
+  ``--config_overrides``), the number of labels and their names taken from the data, with ``--init``, ``--attention``
+  and the method options of ``hf_condinit.scripts_common.CondInitArguments`` (shared with ``run_clm.py`` /
+  ``run_mlm.py`` / ``run_glue.py``). ``--model_name_or_path`` loads a checkpoint instead (never re-initialised;
+  ``--init``, its options, ``--model_config`` and ``--config_overrides`` are refused with it). The image processor is a ``ViTImageProcessor`` built locally from the config (size, mean / std
   0.5), or ``--image_processor_name``; it is saved with the model.
 - Transforms (``hf_condinit.vision.ImageTransform``): training images get a random crop with zero padding
   (``--random_crop_padding``, 4) and a random horizontal flip (``--no_horizontal_flip`` to disable), the usual
@@ -26,6 +27,12 @@
   ``<output_dir>/eval_results.json`` as ``eval_accuracy``. ``--log_condition_number_every N`` logs κ(J) of every
   attention head on a fixed probe of ``--condition_number_probe_size`` validation images (whole images: every patch
   token; an encoder has no mask, so κ is the unmasked one).
+- Script policy shared with ``run_clm.py`` / ``run_mlm.py`` / ``run_glue.py`` (``hf_condinit.scripts_common``): a user
+  error (bad flag, unreadable file, an ``--attention`` this machine cannot run, an init option the method never
+  reads, ``--init`` with ``--model_name_or_path``) is one line ``run_image_classification.py: error: ...`` and exit
+  code 2, before any model work, leaving no output folder; without ``--output_dir`` each arm gets
+  ``runs/image-<init>-<attention>``; a finished ``--output_dir`` is refused, an unfinished one (checkpoints, no
+  ``train_results.json``) resumes; ``--log_throughput`` logs seconds per step.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ class ModelArguments:
     model_config: str | None = field(
         default=None,
         metadata={"help": "Model shape: a name in configs/ (vit-cpu-cifar, vit-tiny-cifar), a path to a config.json "
-                          "or a directory holding one. Default: vit-cpu-cifar. The model is trained from scratch."},
+                          "or a directory holding one, or a hub id. Default: vit-cpu-cifar. Trained from scratch."},
     )
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A checkpoint to finetune instead (from_pretrained; never re-initialised)."}
