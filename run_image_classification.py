@@ -16,8 +16,9 @@
   ``--config_overrides``), the number of labels and their names taken from the data, with ``--init``, ``--attention``
   and the method options of ``hf_condinit.scripts_common.CondInitArguments`` (shared with ``run_clm.py`` /
   ``run_mlm.py`` / ``run_glue.py``). ``--model_name_or_path`` loads a checkpoint instead (never re-initialised;
-  ``--init``, its options, ``--model_config`` and ``--config_overrides`` are refused with it). The image processor is a ``ViTImageProcessor`` built locally from the config (size, mean / std
-  0.5), or ``--image_processor_name``; it is saved with the model.
+  ``--init``, its options, ``--model_config`` and ``--config_overrides`` are refused with it). The image processor is
+  a ``ViTImageProcessor`` built locally from the config (size, mean / std 0.5), or ``--image_processor_name``; it is
+  saved with the model.
 - Transforms (``hf_condinit.vision.ImageTransform``): training images get a random crop with zero padding
   (``--random_crop_padding``, 4) and a random horizontal flip (``--no_horizontal_flip`` to disable), the usual
   CIFAR augmentation; every image is scaled to [0, 1] and normalised with the processor's mean / std.

@@ -247,7 +247,7 @@ def test_bad_files_exit_2_with_one_line_and_leave_nothing(tmp_path, capsys, monk
     cases = [
         (["--train_file", str(garbage)], r"--train_file '.*garbage\.parquet' is not a readable parquet file"),
         (["--train_file", good, "--validation_file", str(garbage)], r"--validation_file '.*garbage\.parquet'"),
-        (["--train_file", str(no_images)], r"image"),
+        (["--train_file", str(no_images)], r"cannot tell the image column among .*; pass --image_column_name"),
     ]
     out = tmp_path / "out"
     for argv, message in cases:
