@@ -77,7 +77,7 @@ from hf_condinit.scripts_common import (
     make_condition_number_callback,
     make_throughput_callback,
     parse_and_set_up,
-    parse_config_overrides,
+    resolve_model_config,
     run_main,
     select_splits,
     train_and_save,
@@ -181,24 +181,6 @@ class DataTrainingArguments:
     @property
     def synthetic(self) -> bool:
         return self.dataset_name is None and self.train_file is None and self.validation_file is None
-
-
-def resolve_model_config(name: str, model_args: ModelArguments):
-    """A name in configs/ (with or without .json), a file/dir path, or a hub id."""
-    candidates = [name]
-    if not os.path.isabs(name):
-        candidates += [os.path.join(CONFIG_DIR, name), os.path.join(CONFIG_DIR, name + ".json")]
-    for path in candidates:
-        if os.path.isfile(path) or (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
-            return AutoConfig.from_pretrained(path), path
-    local = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json")) if os.path.isdir(CONFIG_DIR) else []
-    try:
-        return AutoConfig.from_pretrained(name, cache_dir=model_args.cache_dir, token=model_args.token), name
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"--model_config {name!r} is not a config in {CONFIG_DIR} ({', '.join(local)}), not a local path, and could "
-            f"not be loaded from the hub ({type(err).__name__}: {str(err).splitlines()[0]})"
-        ) from err
 
 
 def context_length(config) -> int | None:
@@ -367,12 +349,8 @@ def load_model_config(model_args, synthetic: bool):
     if model_args.torch_dtype:
         raise UsageError("--torch_dtype is for loading a model (--model_name_or_path); a new model is built in float32 "
                          "(use --bf16 / --fp16 for mixed precision).")
-    config, path = resolve_model_config(model_args.model_config or ("gpt2-tiny" if synthetic else "gpt2-small-cpu"),
-                                        model_args)
-    if model_args.config_overrides:
-        logger.info(f"Overriding config: {model_args.config_overrides}")
-        config.update(parse_config_overrides(model_args.config_overrides, config))
-    return config, path
+    return resolve_model_config(model_args.model_config or ("gpt2-tiny" if synthetic else "gpt2-small-cpu"),
+                                CONFIG_DIR, model_args.config_overrides, model_args.cache_dir, model_args.token)
 
 
 def main(argv=None):

@@ -12,11 +12,13 @@
   training rows become the validation split (as in HF's example). Columns are found from the features unless
   ``--image_column_name`` / ``--label_column_name`` are given (``hf_condinit.vision``).
 - Model: built from config (``--model_config``: a name in ``configs/`` such as ``vit-cpu-cifar`` / ``vit-tiny-cifar``,
-  or a path; ``--config_overrides``), the number of labels and their names taken from the data, with ``--init``,
-  ``--attention`` and the method options of ``hf_condinit.scripts_common.CondInitArguments`` (shared with
-  ``run_clm.py`` / ``run_mlm.py`` / ``run_glue.py``). ``--model_name_or_path`` loads a checkpoint instead (never
-  re-initialised). The image processor is a ``ViTImageProcessor`` built locally from the config (size, mean / std
-  0.5), or ``--image_processor_name``; it is saved with the model.
+  a path or a hub id, resolved as in ``run_clm.py`` by ``scripts_common.resolve_model_config``;
+  ``--config_overrides``), the number of labels and their names taken from the data, with ``--init``, ``--attention``
+  and the method options of ``hf_condinit.scripts_common.CondInitArguments`` (shared with ``run_clm.py`` /
+  ``run_mlm.py`` / ``run_glue.py``). ``--model_name_or_path`` loads a checkpoint instead (never re-initialised;
+  ``--init``, its options, ``--model_config`` and ``--config_overrides`` are refused with it). The image processor is
+  a ``ViTImageProcessor`` built locally from the config (size, mean / std 0.5), or ``--image_processor_name``; it is
+  saved with the model.
 - Transforms (``hf_condinit.vision.ImageTransform``): training images get a random crop with zero padding
   (``--random_crop_padding``, 4) and a random horizontal flip (``--no_horizontal_flip`` to disable), the usual
   CIFAR augmentation; every image is scaled to [0, 1] and normalised with the processor's mean / std.
@@ -26,6 +28,12 @@
   ``<output_dir>/eval_results.json`` as ``eval_accuracy``. ``--log_condition_number_every N`` logs κ(J) of every
   attention head on a fixed probe of ``--condition_number_probe_size`` validation images (whole images: every patch
   token; an encoder has no mask, so κ is the unmasked one).
+- Script policy shared with ``run_clm.py`` / ``run_mlm.py`` / ``run_glue.py`` (``hf_condinit.scripts_common``): a user
+  error (bad flag, unreadable file, an ``--attention`` this machine cannot run, an init option the method never
+  reads, ``--init`` with ``--model_name_or_path``) is one line ``run_image_classification.py: error: ...`` and exit
+  code 2, before any model work, leaving no output folder; without ``--output_dir`` each arm gets
+  ``runs/image-<init>-<attention>``; a finished ``--output_dir`` is refused, an unfinished one (checkpoints, no
+  ``train_results.json``) resumes; ``--log_throughput`` logs seconds per step.
 """
 
 from __future__ import annotations
@@ -50,12 +58,18 @@ import hf_condinit  # noqa: F401  (installs the hooks, registers the attention v
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    UsageError,
+    check_attention_usable,
+    check_loaded_model_flags,
     find_last_checkpoint,
     log_deepspeed,
     make_condition_number_callback,
+    make_throughput_callback,
     parse_and_set_up,
-    parse_config_overrides,
+    resolve_model_config,
+    run_main,
     train_and_save,
+    user_errors,
 )
 from hf_condinit.vision import (
     ImageTransform,
@@ -77,7 +91,7 @@ class ModelArguments:
     model_config: str | None = field(
         default=None,
         metadata={"help": "Model shape: a name in configs/ (vit-cpu-cifar, vit-tiny-cifar), a path to a config.json "
-                          "or a directory holding one. Default: vit-cpu-cifar. The model is trained from scratch."},
+                          "or a directory holding one, or a hub id. Default: vit-cpu-cifar. Trained from scratch."},
     )
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A checkpoint to finetune instead (from_pretrained; never re-initialised)."}
@@ -160,16 +174,19 @@ class ImageTrainingArguments(TrainingArguments):
     )
 
 
-def resolve_model_config(name: str):
-    """A config from a name in ``configs/`` (with or without ``.json``) or a path (file, or directory with
-    ``config.json``); ``ValueError`` listing the local configs otherwise."""
-    candidates = [name] if os.path.isabs(name) else [name, os.path.join(CONFIG_DIR, name),
-                                                      os.path.join(CONFIG_DIR, name + ".json")]
-    for path in candidates:
-        if os.path.isfile(path) or os.path.isfile(os.path.join(path, "config.json")):
-            return AutoConfig.from_pretrained(path)
-    local = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json")) if os.path.isdir(CONFIG_DIR) else []
-    raise ValueError(f"--model_config {name!r} is neither a config in {CONFIG_DIR} ({', '.join(local)}) nor a path")
+def model_config(model_args: ModelArguments):
+    """The config of the model before the labels are known: the checkpoint's (``--model_name_or_path``), or a new
+    model's from ``--model_config`` (default ``vit-cpu-cifar``) and ``--config_overrides``. ``UsageError`` for
+    ``--model_config`` / ``--config_overrides`` with a loaded model."""
+    if model_args.model_name_or_path:
+        for flag in ("model_config", "config_overrides"):
+            if getattr(model_args, flag):
+                raise UsageError(f"--{flag} describes a new model; a loaded one (--model_name_or_path) keeps its own.")
+        return AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
+                                          token=model_args.token)
+    config, _ = resolve_model_config(model_args.model_config or DEFAULT_MODEL_CONFIG, CONFIG_DIR,
+                                     model_args.config_overrides, model_args.cache_dir, model_args.token)
+    return config
 
 
 def label_names(dataset, label_column: str) -> list[str]:
@@ -187,19 +204,13 @@ def probe_pixels(dataset, transform: ImageTransform, n: int):
     return transform.pixels(dataset.select(range(n))[transform.image_column]).sub(transform.mean).div(transform.std)
 
 
-def build_trainer(model_args, data_args, cond_args, training_args, attention_given: bool = True):
-    """Everything up to a ready ``CondInitTrainer`` (data, model, image processor, transforms, metric, κ callback).
+def load_data(model_args, data_args, training_args):
+    """The image splits the run needs (``train`` with ``--do_train``, ``validation`` with ``--do_eval``: the local
+    files, the hub splits, or ``--train_val_split`` of the training rows), cut to ``--max_train_samples`` /
+    ``--max_eval_samples`` (shuffled first: files may be sorted by class). ``ValueError`` for missing splits or
+    columns; ``OSError`` / ``ValueError`` from ``datasets`` for an unreadable file.
 
-    Returns ``(trainer, train_dataset, eval_dataset)``. Shared with ``benchmarks/compare.py --task vision``."""
-    set_seed(training_args.seed)
-    condinit = cond_args.condinit_dict(training_args.seed)
-    config = None
-    if model_args.model_name_or_path is None:
-        config = resolve_model_config(model_args.model_config or DEFAULT_MODEL_CONFIG)
-        if model_args.config_overrides:
-            config.update(parse_config_overrides(model_args.config_overrides, config))
-
-    # ---- data ----
+    Returns ``(raw, image_column, label_column, labels)``: a ``DatasetDict``, its column names, the class names."""
     with training_args.main_process_first(desc="loading the images"):
         raw = load_image_datasets(data_args.dataset_name, data_args.dataset_config_name, data_args.train_file,
                                   data_args.validation_file, model_args.cache_dir, model_args.token)
@@ -217,35 +228,44 @@ def build_trainer(model_args, data_args, cond_args, training_args, attention_giv
                                                          data_args.label_column_name)
     labels = label_names(first, label_column)
     for split, n in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
-        if n is not None and split in raw and len(raw[split]) > n:  # shuffled first (files may be sorted by class)
+        if n is not None and split in raw and len(raw[split]) > n:
             raw[split] = raw[split].shuffle(seed=training_args.seed).select(range(n))
+    return raw, image_column, label_column, labels
+
+
+def build_trainer(model_args, data_args, cond_args, training_args, attention_given: bool = True, data=None):
+    """Everything up to a ready ``CondInitTrainer`` (data, model, image processor, transforms, metric, κ callback).
+
+    ``data``: :func:`load_data`'s result when the caller loaded it already (``main``, to treat its errors as user
+    errors), else it is loaded here. Returns ``(trainer, train_dataset, eval_dataset)``. Shared with
+    ``benchmarks/compare.py --task vision``."""
+    set_seed(training_args.seed)
+    loaded = model_args.model_name_or_path
+    condinit = None if loaded else cond_args.condinit_dict(training_args.seed)
+    config = model_config(model_args)
+    raw, image_column, label_column, labels = data if data is not None else load_data(model_args, data_args,
+                                                                                      training_args)
 
     # ---- model and image processor ----
-    label_kwargs = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
-                    "label2id": {name: i for i, name in enumerate(labels)}}
-    if model_args.model_name_or_path:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
-                                            token=model_args.token, **label_kwargs)
+    config.update({"num_labels": len(labels), "id2label": dict(enumerate(labels)),
+                   "label2id": {name: i for i, name in enumerate(labels)}})
+    if loaded:
         kwargs = {"config": config, "cache_dir": model_args.cache_dir, "token": model_args.token,
                   "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes}
         if attention_given:
             kwargs["attn_implementation"] = cond_args.attention
-        model = AutoModelForImageClassification.from_pretrained(model_args.model_name_or_path, **kwargs)
-        if cond_args.init != "default":
-            logger.warning("--init is ignored with --model_name_or_path (loaded weights are never re-initialised).")
+        model = AutoModelForImageClassification.from_pretrained(loaded, **kwargs)
     else:
-        config.update(label_kwargs)
         model = AutoModelForImageClassification.from_config(config, condinit=condinit,
                                                             attn_implementation=cond_args.attention)
-    if model_args.image_processor_name or model_args.model_name_or_path:
+    if model_args.image_processor_name or loaded:
         image_processor = AutoImageProcessor.from_pretrained(
-            model_args.image_processor_name or model_args.model_name_or_path, cache_dir=model_args.cache_dir,
-            token=model_args.token)
+            model_args.image_processor_name or loaded, cache_dir=model_args.cache_dir, token=model_args.token)
     else:
         image_processor = ViTImageProcessorPil(size={"height": config.image_size, "width": config.image_size})
+    init = f"loaded from {loaded}" if loaded else f"init={condinit['method']} seed={condinit['seed']}"
     logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-                f"init={condinit['method']} seed={condinit['seed']}, attention={model.config._attn_implementation}, "
-                f"{len(labels)} labels")
+                f"{init}, attention={model.config._attn_implementation}, {len(labels)} labels")
 
     # ---- transforms (HF example: set_transform per split) ----
     size = image_processor.size
@@ -283,20 +303,39 @@ def build_trainer(model_args, data_args, cond_args, training_args, attention_giv
     return trainer, train_dataset, eval_dataset
 
 
+def parse(argv: list[str] | None = None):
+    """``((model_args, data_args, cond_args, training_args), attention_given)``; without ``--output_dir`` each arm
+    gets ``runs/image-<init>-<attention>``. Raises ``UsageError`` for a bad flag."""
+    return parse_and_set_up(
+        (ModelArguments, DataTrainingArguments, CondInitArguments, ImageTrainingArguments), argv, logger,
+        output_prefix="image",
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
-    (model_args, data_args, cond_args, training_args), attention_given = parse_and_set_up(
-        (ModelArguments, DataTrainingArguments, CondInitArguments, ImageTrainingArguments), argv, logger
-    )
-    if model_args.model_name_or_path is None:  # fail on a bad config before loading any data
-        resolve_model_config(model_args.model_config or DEFAULT_MODEL_CONFIG)
+    (model_args, data_args, cond_args, training_args), attention_given = parse(argv)
+    loaded = model_args.model_name_or_path
+
+    # ---- every check that can fail, before any data or model work ----
+    with user_errors():
+        check_loaded_model_flags(cond_args, argv, loaded)
+        if not loaded:
+            cond_args.condinit_dict(training_args.seed)
+        config = model_config(model_args)
+        if attention_given or not loaded:
+            check_attention_usable(cond_args.attention, AutoModelForImageClassification, config, training_args.use_cpu)
+        last_checkpoint = find_last_checkpoint(training_args, logger)
+
+    with user_errors(training_args.output_dir):
+        data = load_data(model_args, data_args, training_args)
     trainer, train_dataset, eval_dataset = build_trainer(model_args, data_args, cond_args, training_args,
-                                                         attention_given)
+                                                         attention_given, data)
     log_deepspeed(trainer, training_args, logger)
+    make_throughput_callback(cond_args, trainer)
 
     results: dict = {}
     if training_args.do_train:
-        last_checkpoint = find_last_checkpoint(training_args, logger)
-        results.update(train_and_save(trainer, train_dataset, training_args.resume_from_checkpoint or last_checkpoint))
+        results.update(train_and_save(trainer, train_dataset, last_checkpoint))
     if training_args.do_eval:
         metrics = trainer.evaluate()
         metrics["eval_samples"] = len(eval_dataset)
@@ -316,4 +355,4 @@ def _mp_fn(index):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -85,6 +85,7 @@ __all__ = [
     "select_splits",
     "with_causal_loss_type",
     "parse_config_overrides",
+    "resolve_model_config",
     "find_last_checkpoint",
     "log_deepspeed",
     "train_and_save",
@@ -726,6 +727,37 @@ def parse_config_overrides(text: str | None, reference_config) -> dict[str, Any]
         else:
             overrides[key] = value
     return overrides
+
+
+def resolve_model_config(name: str, config_dir: str, config_overrides: str | None = None,
+                         cache_dir: str | None = None, token: str | None = None):
+    """The config of a new model from ``--model_config`` (``run_clm.py``, ``run_image_classification.py``), with
+    ``--config_overrides`` applied (:func:`parse_config_overrides`). Returns ``(config, where)``.
+
+    ``name``: a config in ``config_dir`` (with or without ``.json``), a path (a file, or a directory holding
+    ``config.json``), else a hub id (cache or network). Raises ``ValueError`` listing the configs of ``config_dir``
+    when it is none of these, or for a bad ``config_overrides``."""
+    from transformers import AutoConfig
+
+    candidates = [name]
+    if not os.path.isabs(name):
+        candidates += [os.path.join(config_dir, name), os.path.join(config_dir, name + ".json")]
+    path = next((p for p in candidates if os.path.isfile(p) or os.path.isfile(os.path.join(p, "config.json"))), None)
+    if path is not None:
+        config = AutoConfig.from_pretrained(path)
+    else:
+        local = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".json")) if os.path.isdir(config_dir) else []
+        try:
+            config, path = AutoConfig.from_pretrained(name, cache_dir=cache_dir, token=token), name
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"--model_config {name!r} is not a config in {config_dir} ({', '.join(local)}), not a local path, and "
+                f"could not be loaded from the hub ({type(err).__name__}: {str(err).splitlines()[0]})"
+            ) from err
+    if config_overrides:
+        logger.info(f"Overriding config: {config_overrides}")
+        config.update(parse_config_overrides(config_overrides, config))
+    return config, path
 
 
 def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -> str | None:

@@ -3,6 +3,9 @@ references (augmentation, normalisation, accuracy)."""
 
 import json
 import os
+import re
+import subprocess
+import sys
 
 import datasets
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from hf_condinit.scripts_common import run_main
 from hf_condinit.vision import ImageTransform, load_accuracy_metric, random_crop_flip
 
 from utils import REPO, load_script
@@ -182,3 +186,109 @@ def test_swin_from_a_config_path(tmp_path):
     config = json.load(open(os.path.join(out, "config.json")))
     assert config["model_type"] == "swin" and config["condinit"]["layout"] == "swin_qkvo_proj"
     assert 0.0 <= _eval_results(out)["eval_accuracy"] <= 1.0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the script policy shared with run_clm.py / run_mlm.py / run_glue.py (issue 11 items 10-19, issue 12)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Any data loading or model building fails the test: the checks must come first."""
+
+    def boom(*a, **k):
+        raise AssertionError("work started before the input was validated")
+
+    monkeypatch.setattr(run_ic, "load_image_datasets", boom)
+    monkeypatch.setattr(run_ic.AutoModelForImageClassification, "from_config", boom)
+    monkeypatch.setattr(run_ic.AutoModelForImageClassification, "from_pretrained", boom)
+
+
+def _exit_line(argv, capsys):
+    """Run the script as ``__main__`` would (``run_main``); returns (exit code, stderr lines)."""
+    capsys.readouterr()  # drop what the test's own set-up printed
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(run_ic.main, argv, prog="run_image_classification.py")
+    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_flags_that_cannot_work_exit_2_before_any_work(tmp_path, capsys, no_work):
+    train = _parquet(tmp_path / "train.parquet", 6, seed=0)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    cases = [
+        (["--attention", "flash_attention_2"], "needs a GPU"),
+        (["--attention", "paged|eager"], "continuous batching"),
+        (["--init", "mimetic", "--value_init", "per_head"], "value_init is read by method 'conditioned' only"),
+        (["--model_config", "no-such-config"], "not a config in"),
+        (["--config_overrides", "hidden_sizes=3"], "has no attribute 'hidden_sizes'"),
+        (["--model_name_or_path", str(saved), "--init", "conditioned"], "--init cannot be used with --model_name_or_path"),
+        (["--model_name_or_path", str(saved), "--model_config", "vit-cpu-cifar"], "--model_config describes a new model"),
+    ]
+    out = tmp_path / "out"
+    for argv, message in cases:
+        code, err = _exit_line(["--train_file", train, "--output_dir", str(out), "--do_train", "--use_cpu", *argv],
+                               capsys)
+        assert code == 2 and len(err) == 1 and message in err[0], (argv, err)
+        assert err[0].startswith("run_image_classification.py: error: ")
+        assert not out.exists()
+
+
+def test_bad_files_exit_2_with_one_line_and_leave_nothing(tmp_path, capsys, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a model was built before the data was validated")
+
+    monkeypatch.setattr(run_ic.AutoModelForImageClassification, "from_config", boom)
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(bytes(range(256)) * 8)
+    no_images = tmp_path / "no_images.parquet"
+    datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]}).to_parquet(str(no_images))
+    good = _parquet(tmp_path / "good.parquet", 6, seed=0)
+    cases = [
+        (["--train_file", str(garbage)], r"--train_file '.*garbage\.parquet' is not a readable parquet file"),
+        (["--train_file", good, "--validation_file", str(garbage)], r"--validation_file '.*garbage\.parquet'"),
+        (["--train_file", str(no_images)], r"cannot tell the image column among .*; pass --image_column_name"),
+    ]
+    out = tmp_path / "out"
+    for argv, message in cases:
+        code, err = _exit_line([*argv, "--output_dir", str(out), *COMMON], capsys)
+        assert code == 2 and len(err) == 1 and re.search(message, err[0]), (argv, err)
+        assert not out.exists(), f"{argv} left {list(out.rglob('*'))}"
+
+
+def test_a_rerun_into_a_finished_output_dir_is_refused(tmp_path, capsys, monkeypatch):
+    train = _parquet(tmp_path / "train.parquet", 12, seed=0)
+    argv = ["--train_file", train, "--validation_file", train, "--output_dir", str(tmp_path / "out"), *COMMON]
+    run_ic.main(argv)
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+
+    def boom(*a, **k):
+        raise AssertionError("the rerun loaded data or built a model")
+
+    monkeypatch.setattr(run_ic, "load_image_datasets", boom)
+    monkeypatch.setattr(run_ic.AutoModelForImageClassification, "from_config", boom)
+    code, err = _exit_line(argv, capsys)
+    assert code == 2 and len(err) == 1 and "already holds a finished run" in err[0], err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
+
+
+def test_each_arm_gets_its_own_default_output_dir(tmp_path):
+    train = _parquet(tmp_path / "train.parquet", 3, seed=0)
+    dirs = [run_ic.parse(["--train_file", train, *arm])[0][3].output_dir for arm in (
+        [], ["--init", "conditioned"], ["--init", "mimetic"], ["--attention", "affine_scaled"],
+        ["--init", "conditioned", "--spectral_lambda", "10"],
+    )]  # fmt: skip
+    assert len(set(dirs)) == 5 and dirs[2] == os.path.join("runs", "image-mimetic-sdpa")
+    assert run_ic.parse(["--train_file", train, "--output_dir", "x"])[0][3].output_dir == "x"
+
+
+def test_the_script_exits_2_with_one_line(tmp_path):
+    """As a program (``python run_image_classification.py``): a user error is one line and exit code 2."""
+    train = _parquet(tmp_path / "train.parquet", 3, seed=0)
+    proc = subprocess.run([sys.executable, str(REPO / "run_image_classification.py"), "--train_file", train,
+                           "--init", "mimetic", "--value_init", "per_head", "--output_dir", str(tmp_path / "out"),
+                           "--do_train", "--use_cpu"], capture_output=True, text=True, cwd=tmp_path)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert err[0].startswith("run_image_classification.py: error: ") and "value_init" in err[0]
+    assert not (tmp_path / "out").exists()

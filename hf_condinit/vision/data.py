@@ -44,13 +44,20 @@ PARQUET_SUFFIXES = (".parquet",)
 
 
 def check_image_source(path: str, flag: str) -> None:
-    """``ValueError`` (one line, naming ``flag``) unless ``path`` is a parquet file or an existing directory."""
+    """``ValueError`` (one line, naming ``flag``) unless ``path`` is a readable parquet file (its footer is read) or
+    an existing directory."""
     if os.path.isdir(path):
         return
     if not os.path.exists(path):
         raise ValueError(f"{flag} {path!r} does not exist; pass a .parquet file or an imagefolder directory")
     if not path.endswith(PARQUET_SUFFIXES):
         raise ValueError(f"{flag} {path!r} is not a .parquet file or a directory (imagefolder: <dir>/<label>/<image>)")
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_schema(path)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{flag} {path!r} is not a readable parquet file ({str(err).splitlines()[0]})") from None
 
 
 def _load_local(path: str, cache_dir: str | None):
