@@ -33,7 +33,6 @@ finished run, written as it finishes; a rerun skips finished runs whose spec is 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
