@@ -561,7 +561,7 @@ def main(argv=None) -> dict:
         return report(out)
     for path in (args.train_file, args.test_file):
         if not os.path.isfile(path):
-            raise SystemExit(f"missing {path}: the vision mode needs CIFAR-10 parquet files (see the data's SOURCES.md)")
+            C.fail(f"missing {path}: the vision mode needs CIFAR-10 parquet files (see the data's SOURCES.md)")
     C.set_threads(args.threads)
     C.quiet_transformers()
     specs = plan(args)
