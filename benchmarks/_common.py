@@ -607,6 +607,20 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def crossing_step(curve, target: float, lower_better: bool = True) -> float | None:
+    """First step at which a curve of ``(step, value)`` pairs reaches ``target`` (``<=`` when lower is better, else
+    ``>=``), linearly interpolated between the two points around the crossing; None if never."""
+    prev = None
+    for step, value in curve:
+        if (value <= target) if lower_better else (value >= target):
+            if prev is None or prev[1] == value:
+                return float(step)
+            s0, v0 = prev
+            return s0 + (target - v0) / (value - v0) * (step - s0)
+        prev = (step, value)
+    return None
+
+
 def fail(message: str):
     """A user error: one line on stderr, exit status 2."""
     print(f"compare.py: error: {message}", file=sys.stderr)

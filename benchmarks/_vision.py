@@ -366,16 +366,7 @@ def _mean_std(xs):
 def crossing_step(curve: list[dict], target: float) -> float | None:
     """First step at which the accuracy curve reaches ``target`` (linear interpolation between points); None if
     never."""
-    prev = None
-    for point in curve:
-        step, acc = point["step"], point["accuracy"]
-        if acc >= target:
-            if prev is None or prev[1] == acc:
-                return float(step)
-            s0, a0 = prev
-            return s0 + (target - a0) / (acc - a0) * (step - s0)
-        prev = (step, acc)
-    return None
+    return C.crossing_step([(p["step"], p["accuracy"]) for p in curve], target, lower_better=False)
 
 
 def aggregate(recs: list[dict]) -> dict:

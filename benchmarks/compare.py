@@ -271,19 +271,6 @@ def _mean_std(xs):
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def crossing_step(curve, target):
-    """First step at which the eval curve reaches ``target`` (linear interpolation); None if never."""
-    prev = None
-    for step, loss in curve:
-        if loss <= target:
-            if prev is None or prev[1] == loss:
-                return float(step)
-            s0, l0 = prev
-            return s0 + (l0 - target) / (l0 - loss) * (step - s0)
-        prev = (step, loss)
-    return None
-
-
 def eval_file_stats(name: str, seeds: dict, default: dict) -> dict:
     """Loss / perplexity on one ``--eval-file`` over seeds (mean ± std) and, given the default arm's runs, the
     paired loss difference to default (mean ± std)."""
@@ -331,7 +318,7 @@ def aggregate_setting(recs: list[dict]) -> dict:
             a["eval_files"] = {name: eval_file_stats(name, seeds, default if arm != "default" else {})
                                for name in files}
         if target is not None:
-            cross = [crossing_step(r["eval_curve"], target) for r in rs]
+            cross = [C.crossing_step(r["eval_curve"], target) for r in rs]
             reached = [c for c in cross if c is not None]
             a["steps_to_default_final"] = cross
             a["steps_to_default_final_mean"] = statistics.fmean(reached) if reached else None
