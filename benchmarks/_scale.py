@@ -2,10 +2,12 @@
 training approaches convergence? (issue 13)
 
 Plan (:data:`FULL`; :func:`plan`): GPT-2 of three sizes with the same head dim 32 and depth 2 (2 × 32, 2 × 64,
-2 × 128: 25k, 100k, 397k non-embedding parameters), arms :data:`ARMS` (default, conditioned, conditioned with
+2 × 96: 25k, 100k, 224k non-embedding parameters), arms :data:`ARMS` (default, conditioned, conditioned with
 ``v_gain=0.25``, mimetic, affine_scaled), 20 training tokens per non-embedding parameter at a shared learning rate,
 seeds 0-1 (0-2 at the middle size); at the middle size also 1 and 5 tokens per parameter (the length sweep) and
-two more learning rates (the LR sweep, seeds 0-1). Training data: the enwiki extract + WikiText-2 train (so that no
+two more learning rates (the LR sweep, seeds 0-1, at 5 tokens per parameter: it reuses the length sweep's runs at the
+shared rate, and costs a quarter of a sweep at 20). The largest size is 2 × 96, not 2 × 128: a 2 × 128 run at 20
+tokens per parameter costs ~18 CPU-minutes, and its ten runs did not fit the 4-hour budget next to the rest. Training data: the enwiki extract + WikiText-2 train (so that no
 run repeats a block; enwiki first: the internal 5 % held-out documents are enwiki articles); the reported metric is
 the loss on WikiText-2 valid (``--eval-file``, every document). Every run is one ``_common.train_run`` (the
 ``run_clm.py`` recipe through the HF ``Trainer``).
@@ -67,7 +69,8 @@ TARGETS = {"472M": 472e6, "1.72B": 1.72e9}
 @dataclass(frozen=True)
 class ScalePlan:
     """What the sweep trains. ``sizes`` = (n_layer, n_embd, n_head), smallest first; ``seeds[i]`` seeds at size i;
-    the length sweep (``length_tpps``, ``length_seeds`` seeds) and the LR sweep (``lrs``, ``lr_seeds`` seeds) are at
+    the length sweep (``length_tpps``, ``length_seeds`` seeds) and the LR sweep (``lrs``, ``lr_seeds`` seeds, at
+    ``lr_tpp`` tokens per parameter, one of the length sweep's lengths so that its shared-LR runs are reused) are at
     the middle size ``sizes[len(sizes) // 2]``; every other run trains ``main_tpp`` tokens per non-embedding
     parameter at ``shared_lr``."""
 
@@ -79,6 +82,7 @@ class ScalePlan:
     lrs: tuple
     shared_lr: float
     lr_seeds: int
+    lr_tpp: float
     arms: tuple
     batch_size: int
     block_size: int
@@ -92,11 +96,11 @@ class ScalePlan:
         return len(self.sizes) // 2
 
 
-FULL = ScalePlan(sizes=((2, 32, 1), (2, 64, 2), (2, 128, 4)), seeds=(2, 3, 2), main_tpp=20.0, length_tpps=(1.0, 5.0),
-                 length_seeds=3, lrs=(1e-3, 3e-3, 1e-2), shared_lr=3e-3, lr_seeds=2, arms=tuple(ARMS),
+FULL = ScalePlan(sizes=((2, 32, 1), (2, 64, 2), (2, 96, 3)), seeds=(2, 3, 2), main_tpp=20.0, length_tpps=(1.0, 5.0),
+                 length_seeds=3, lrs=(1e-3, 3e-3, 1e-2), shared_lr=3e-3, lr_seeds=2, lr_tpp=5.0, arms=tuple(ARMS),
                  batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16, final_eval_blocks=64)
 QUICK = ScalePlan(sizes=((1, 16, 2), (1, 32, 4), (2, 32, 4)), seeds=(1, 2, 1), main_tpp=0.25, length_tpps=(0.1,),
-                  length_seeds=1, lrs=(3e-3, 1e-2), shared_lr=3e-3, lr_seeds=1, arms=("default", "conditioned_v0.25"),
+                  length_seeds=1, lrs=(3e-3, 1e-2), shared_lr=3e-3, lr_seeds=1, lr_tpp=0.1, arms=("default", "conditioned_v0.25"),
                   batch_size=4, block_size=32, vocab_size=512, eval_blocks=4, final_eval_blocks=8, max_bytes=200_000)
 
 
@@ -130,7 +134,7 @@ def plan(p: ScalePlan) -> list[C.TrainSpec]:
                 continue
             tpps = [p.main_tpp] + (list(p.length_tpps) if i == p.middle and seed < p.length_seeds else [])
             runs += [make_spec(p, a, size, t, p.shared_lr, seed) for t in tpps for a in p.arms]
-    runs += [make_spec(p, a, p.sizes[p.middle], p.main_tpp, lr, seed)
+    runs += [make_spec(p, a, p.sizes[p.middle], p.lr_tpp, lr, seed)
              for seed in range(p.lr_seeds) for lr in p.lrs if lr != p.shared_lr for a in p.arms]
     return runs
 
@@ -368,7 +372,7 @@ def analyse(cells: dict, p: ScalePlan) -> dict:
                 for g in paired_gaps(c, a).values()]
         lfit = fit_loglinear([x for x, _ in lpts], [y for _, y in lpts])
         res["length_trend"][a] = dict(fit=lfit, verdict=trend_verdict(lfit, "gap vs tokens per parameter"))
-    lr_cells = {k[2]: v for k, v in cells.items() if k[0] == mid and k[1] == p.main_tpp}
+    lr_cells = {k[2]: v for k, v in cells.items() if k[0] == mid and k[1] == p.lr_tpp}
     best = {}
     for a in p.arms:
         # the mean over the seeds that every learning rate of the arm has (the shared LR has more seeds)
@@ -422,7 +426,7 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
         table(f"Across training length (size {mid}, lr {p.shared_lr:g}):", length)
     if res["lr"]:
         lrs = sorted({float(x) for r in res["lr"].values() for x in r["mean_loss_by_lr"]})
-        lines.append(f"Learning rate (size {mid}, {p.main_tpp:g} tokens per parameter; mean loss over seeds; Δ at own "
+        lines.append(f"Learning rate (size {mid}, {p.lr_tpp:g} tokens per parameter; mean loss over seeds; Δ at own "
                      "best LR = arm at its best LR − default at its best LR, paired by seed):\n")
         lines.append("| arm | " + " | ".join(f"loss lr {x:g}" for x in lrs) + " | best lr | Δ at shared lr | "
                      "Δ at own best lr |")
@@ -520,7 +524,7 @@ def report(out: str, p: ScalePlan, eval_name: str | None, copy_plots: str | None
     n_runs = sum(len(s) for c in cells.values() for s in c.values())
     cpu = sum(r["cpu_seconds"] or 0 for c in cells.values() for s in c.values() for r in s.values())
     results = dict(metric=eval_name or "internal held-out split", n_runs=n_runs, cpu_seconds=cpu,
-                   plan=dict(sizes=p.sizes, seeds=p.seeds, main_tpp=p.main_tpp, length_tpps=p.length_tpps,
+                   plan=dict(sizes=p.sizes, seeds=p.seeds, main_tpp=p.main_tpp, length_tpps=p.length_tpps, lr_tpp=p.lr_tpp,
                              lrs=p.lrs, shared_lr=p.shared_lr, arms=p.arms),
                    cells=[dict(size=k[0], tokens_per_param=k[1], lr=k[2], arms=v) for k, v in sorted(cells.items())],
                    **res)

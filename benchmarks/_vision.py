@@ -24,8 +24,12 @@ curve accuracy.
 Outputs in ``--out``: ``data/`` (the two subsets as parquet), ``runs/<setting>/<arm>/seed<k>.json`` (one per
 finished run, written as it finishes; a rerun skips finished runs whose spec is unchanged), ``results.json``,
 ``results.md``, ``accuracy.png``, ``loss.png``. ``--report-only`` rebuilds the last three from whatever runs exist.
+Several workers may share ``--out`` (each run is claimed with a lock file, as in the LM modes): the default mode is
+about 140 CPU-minutes (160 steps × batch 64 at ~45 images per CPU-second on one thread, plus the evaluations), so
+two ``--threads 1`` workers finish it in about 75 minutes on 2 idle cores.
 
-    python benchmarks/compare.py --task vision --out /tmp/vision            # default: 5 arms × 3 seeds × 2 sizes
+    python benchmarks/compare.py --task vision --out /tmp/vision --threads 1  # default: 5 arms × 3 seeds × 2 sizes
+    python benchmarks/compare.py --task vision --out /tmp/vision --threads 1  # (a second worker, same folder)
     python benchmarks/compare.py --task vision --quick --out /tmp/vq        # tiny ViT, 2 arms, 1 seed, ≤ 60 s
     python benchmarks/compare.py --task vision --out /tmp/vision --report-only
 """
@@ -98,7 +102,7 @@ def parse_args(argv=None):
                    help="training-set sizes (class-balanced subsets); 0 = all 20,000 images (default: 0 5000; "
                         "quick: 250)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 160; quick 6)")
-    p.add_argument("--batch-size", type=int, default=None, help="default 128 (quick 16)")
+    p.add_argument("--batch-size", type=int, default=None, help="default 64 (quick 16)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
     p.add_argument("--model-config", default=None, help="configs/ name or path (default vit-cpu-cifar)")
     p.add_argument("--config-overrides", default=None, help="e.g. num_hidden_layers=4 (quick: a 1-layer ViT)")
@@ -126,7 +130,7 @@ def plan(args) -> list[VisionSpec]:
     steps = args.steps or (6 if q else 160)
     common = dict(
         steps=steps,
-        batch_size=args.batch_size or (16 if q else 128),
+        batch_size=args.batch_size or (16 if q else 64),
         lr=args.lr or 1e-3,
         weight_decay=0.05,
         warmup=0.05,
@@ -178,8 +182,9 @@ def balanced_subset(src: str, n: int, dst: str, seed: int = 0) -> str:
         picks.append(idx[torch.randperm(len(idx), generator=gen)[:per]])
     order = torch.stack(picks, dim=1).flatten().tolist()  # c0, c1, ..., c9, c0, ...
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    ds.select(order).to_parquet(dst + ".tmp")
-    os.replace(dst + ".tmp", dst)
+    tmp = f"{dst}.tmp{os.getpid()}"  # several workers may build the same subset at once
+    ds.select(order).to_parquet(tmp)
+    os.replace(tmp, dst)
     return dst
 
 
@@ -339,16 +344,6 @@ def train_run(spec: VisionSpec, train_file: str, curve_file: str, test_file: str
 
 def run_path(out: str, spec: VisionSpec) -> str:
     return os.path.join(out, "runs", spec.setting, spec.arm, f"seed{spec.seed}.json")
-
-
-def finished(path: str, spec: VisionSpec) -> bool:
-    if not os.path.isfile(path):
-        return False
-    try:
-        with open(path) as f:
-            return json.load(f).get("key") == spec.key()
-    except (OSError, ValueError):
-        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -566,15 +561,21 @@ def main(argv=None) -> dict:
         if spec.n_train and spec.n_train not in train_files:
             train_files[spec.n_train] = balanced_subset(
                 args.train_file, spec.n_train, os.path.join(data_dir, f"train_balanced{spec.n_train}.parquet"))
-    todo = [s for s in specs if not finished(run_path(out, s), s)]
+    todo = [s for s in specs if not C.finished(run_path(out, s), s)]
     print(f"[vision] {len(specs)} runs planned, {len(specs) - len(todo)} already finished; output {out}",
           file=sys.stderr, flush=True)
     t0 = time.time()
     for i, spec in enumerate(todo):
+        path = run_path(out, spec)
+        if C.finished(path, spec) or not C.claim(path):  # done or running in another worker sharing --out
+            continue
         t1 = time.time()
-        rec = train_run(spec, train_files.get(spec.n_train, args.train_file), curve_file, test_file,
-                        os.path.join(out, "work"))
-        C.write_json(run_path(out, spec), rec)
+        try:
+            rec = train_run(spec, train_files.get(spec.n_train, args.train_file), curve_file, test_file,
+                            os.path.join(out, "work", spec.setting, spec.arm, f"seed{spec.seed}"))
+            C.write_json(path, rec)
+        finally:
+            os.remove(path + ".lock")
         print(f"[vision] {i + 1}/{len(todo)} {spec.setting}/{spec.arm}/seed{spec.seed}: top-1 "
               f"{rec['test_accuracy']:.4f}, {rec['train_images_per_second']:.0f} img/s, {time.time() - t1:.0f} s",
               file=sys.stderr, flush=True)

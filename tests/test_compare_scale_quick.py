@@ -45,15 +45,17 @@ def test_full_plan_sizes_arms_seeds_order_steps():
         assert r.v_gain == (0.25 if r.extra["label"] == "conditioned_v0.25" else None)
     idents = [(r.setting, r.extra["label"], r.seed) for r in runs]
     assert len(set(idents)) == len(idents)
-    # 20 tokens per parameter at every size; length sweep 1 / 5 / 20 and 3 learning rates at the middle size only
+    # 20 tokens per parameter at every size; length sweep 1 / 5 / 20 and 3 learning rates at the middle size only,
+    # the LR sweep at one of the length sweep's lengths (5), ≥ 2 seeds per arm and rate
     assert {r.tokens_per_param for r in runs if r.lr == p.shared_lr and r.extra["size"] != mid} == {20.0}
     assert {r.tokens_per_param for r in runs if r.extra["size"] == mid} == {1.0, 5.0, 20.0}
     assert {r.lr for r in runs if r.extra["size"] == mid} == {1e-3, 3e-3, 1e-2}
     assert {r.lr for r in runs if r.extra["size"] != mid} == {p.shared_lr}
+    assert p.lr_tpp == 5.0 and {r.tokens_per_param for r in runs if r.lr != p.shared_lr} == {p.lr_tpp}
     for lr in p.lrs:
         for label in labels:
             assert len([r for r in runs if r.extra["size"] == mid and r.lr == lr and r.extra["label"] == label
-                        and r.tokens_per_param == 20.0]) >= 2
+                        and r.tokens_per_param == p.lr_tpp]) >= 2
     # order: smallest size, all arms, seed 0 first (default first); all of seed 0 before any seed 1; LR sweep last
     assert [(r.extra["size"], r.extra["label"], r.seed) for r in runs[:5]] == [
         (S.size_name(p.sizes[0]), a, 0) for a in labels]
