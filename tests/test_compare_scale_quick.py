@@ -140,6 +140,17 @@ def test_scale_quick_end_to_end_and_resume(tmp_path, capsys):
     gaps = [cell["arms"]["conditioned_v0.25"][s]["loss"] - cell["arms"]["default"][s]["loss"] for s in (0, 1)]
     fit_n = results["size_trend"]["conditioned_v0.25"]["fit"]["n"]
     assert fit_n == 4  # 1 + 2 + 1 seeds over the three sizes
+    # the conservative fit: one point per size, the mean of its paired gaps (computed here from the cells)
+    means = []
+    for c in results["cells"]:
+        if c["tokens_per_param"] == S.QUICK.main_tpp and c["lr"] == S.QUICK.shared_lr:
+            g = [c["arms"]["conditioned_v0.25"][s]["loss"] - c["arms"]["default"][s]["loss"]
+                 for s in c["arms"]["conditioned_v0.25"]]
+            means.append((c["arms"]["default"][next(iter(c["arms"]["default"]))]["n"], statistics.fmean(g)))
+    conservative = results["size_trend"]["conditioned_v0.25"]["fit_size_means"]
+    expect = S.fit_loglinear([x for x, _ in means], [y for _, y in means])
+    assert conservative["n"] == len(means) == 3 and math.isclose(conservative["b"], expect["b"], abs_tol=1e-12)
+    assert conservative["dof"] == 1 and conservative["s"] >= 0
     md = (out / "results.md").read_text()
     assert f"{statistics.fmean(gaps):+.3f} ± {statistics.stdev(gaps):.3f}" in md
     assert "extrapolation to 472M / 1.72B non-embedding parameters **from CPU-scale runs**" in md
