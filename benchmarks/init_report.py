@@ -12,7 +12,15 @@ Part 2, the attention-Jacobian condition number κ(J) (METHODS.md §6, method ``
 ``--probe-size`` × ``--probe-length`` random tokens with distinct first tokens: per layer the mean over heads under
 the causal mask the model uses, and without it (``include_unmasked``).
 
-    python benchmarks/init_report.py                 # both parts, prints Markdown tables
+Part 3 (``--parts vit_kappa``, needs an image file; ~4 CPU-minutes per init): κ(J) at init of layer 0 of the vision
+harness's ViT (``configs/vit-cpu-cifar.json``: 65 tokens, 128 wide, 4 heads of 32) for the same three inits (seed
+0), on the first image of ``--image-file`` (a ``datasets`` parquet file with an ``img`` column), per head, with
+``method="svd"``. The default ``eig`` path cannot resolve κ above ~1e6 and its SVD refinement stops at
+``SVD_REFINE_MAX_ELEMENTS``; this probe's J is 2,080 × 12,288, so the vision harness reports lower bounds, and this
+part gives the resolved values.
+
+    python benchmarks/init_report.py                 # parts 1 and 2, prints Markdown tables
+    python benchmarks/init_report.py --parts vit_kappa --image-file ../shared/data/cifar10/test_dev.parquet
     python benchmarks/init_report.py --json out.json
 """
 
@@ -25,7 +33,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification)
 
 import hf_condinit  # noqa: E402
 from hf_condinit.layouts import get_layout  # noqa: E402
@@ -91,11 +100,34 @@ def part_kappa(probe_size: int, probe_length: int) -> list[dict]:
     return rows
 
 
+def part_vit_kappa(image_file: str) -> list[dict]:
+    import datasets
+
+    from hf_condinit.vision import ImageTransform
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "vit-cpu-cifar.json")
+    config = AutoConfig.from_pretrained(path)
+    image = datasets.load_dataset("parquet", data_files={"probe": image_file}, split="probe[:1]")
+    mean, std = [0.5] * 3, [0.5] * 3  # ViTImageProcessor's defaults, as the script's processor
+    transform = ImageTransform("img", "label", (config.image_size, config.image_size), mean, std, train=False)
+    pixels = transform.pixels(image["img"]).sub(transform.mean).div(transform.std)
+    rows = []
+    for method in ("default", "mimetic", "conditioned"):
+        model = AutoModelForImageClassification.from_config(config, condinit={"method": method, "seed": 0}).eval()
+        report = hf_condinit.attention_jacobian_condition_number(model, pixels, layers=[0], method="svd")
+        heads = report.layers[0].heads
+        rows.append({"method": method, "kappa": [h.kappa for h in heads],
+                     "lower_bound": [h.kappa_is_lower_bound for h in heads], "seconds": report.seconds})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", default=["orthogonality", "kappa"], choices=["orthogonality", "kappa"])
+    p.add_argument("--parts", nargs="+", default=["orthogonality", "kappa"],
+                   choices=["orthogonality", "kappa", "vit_kappa"])
     p.add_argument("--probe-size", type=int, default=2)
     p.add_argument("--probe-length", type=int, default=16)
+    p.add_argument("--image-file", default=None, help="parquet file with an `img` column (part vit_kappa)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -112,6 +144,15 @@ def main() -> None:
         for r in out["kappa"]:
             fmt = lambda v: " / ".join(f"{x:.3g}" for x in v)  # noqa: E731
             print(f"| {r['method']} | {fmt(r['causal'])} | {fmt(r['unmasked'])} | {r['seconds']:.1f} |")
+    if "vit_kappa" in args.parts:
+        if not args.image_file or not os.path.isfile(args.image_file):
+            p.error("--parts vit_kappa needs --image-file FILE (a parquet file with an `img` column)")
+        out["vit_kappa"] = part_vit_kappa(args.image_file)
+        print("\nκ(J) at init, ViT 6×128 (vit-cpu-cifar), layer 0, one image, method svd, per head:")
+        print("| init | κ per head (* = lower bound) | s |\n|---|---|---|")
+        for r in out["vit_kappa"]:
+            ks = " / ".join(f"{k:.3g}{'*' if lb else ''}" for k, lb in zip(r["kappa"], r["lower_bound"]))
+            print(f"| {r['method']} | {ks} | {r['seconds']:.0f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
