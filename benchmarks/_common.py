@@ -676,6 +676,26 @@ def finished(path: str, spec) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def run_slot(path: str, spec):
+    """This worker's turn at the run recorded in ``path``: yields ``"finished"`` (a record made with ``spec`` exists),
+    ``"locked"`` (another live worker holds it) or ``"claimed"``; a claim's lock file is removed when the block
+    ends, whether the run succeeded or not."""
+    if finished(path, spec):
+        yield "finished"
+        return
+    if not claim(path):
+        yield "locked"
+        return
+    try:
+        yield "claimed"
+    finally:
+        try:
+            os.remove(path + ".lock")
+        except FileNotFoundError:
+            pass
+
+
 def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_info: dict, paths) -> list[str]:
     """Train every spec of ``todo`` (a sub-list of ``runs``, in order) that no one has finished or claimed:
     ``paths(spec) -> (record path, Trainer folder)``; the record (:func:`train_run` plus ``eval_file_info``,
@@ -687,26 +707,19 @@ def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_i
     skipped_locked = []
     for spec in todo:
         path, run_dir = paths(spec)
-        if finished(path, spec):
-            bar.update(1)
-            continue
-        if not claim(path):
-            skipped_locked.append(path)
-            continue
-        try:
-            bar.set_postfix_str(f"{spec.setting}/{spec.extra.get('label', spec.arm)}/seed{spec.seed}")
-            cpu0 = time.process_time()
-            rec = train_run(spec, data, run_dir, eval_sets)
-            rec["cpu_seconds"] = time.process_time() - cpu0
-            rec["eval_file_info"] = eval_info
-            rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            rec["loadavg_1m_at_end"] = os.getloadavg()[0]
-            write_json(path, rec)
-        finally:
-            try:
-                os.remove(path + ".lock")
-            except FileNotFoundError:
-                pass
+        with run_slot(path, spec) as slot:
+            if slot == "locked":
+                skipped_locked.append(path)
+                continue
+            if slot == "claimed":
+                bar.set_postfix_str(f"{spec.setting}/{spec.extra.get('label', spec.arm)}/seed{spec.seed}")
+                cpu0 = time.process_time()
+                rec = train_run(spec, data, run_dir, eval_sets)
+                rec["cpu_seconds"] = time.process_time() - cpu0
+                rec["eval_file_info"] = eval_info
+                rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                rec["loadavg_1m_at_end"] = os.getloadavg()[0]
+                write_json(path, rec)
         bar.update(1)
     bar.close()
     return skipped_locked

@@ -24,9 +24,9 @@ curve accuracy.
 Outputs in ``--out``: ``data/`` (the two subsets as parquet), ``runs/<setting>/<arm>/seed<k>.json`` (one per
 finished run, written as it finishes; a rerun skips finished runs whose spec is unchanged), ``results.json``,
 ``results.md``, ``accuracy.png``, ``loss.png``. ``--report-only`` rebuilds the last three from whatever runs exist.
-Several workers may share ``--out`` (each run is claimed with a lock file, as in the LM modes): the default mode is
-about 140 CPU-minutes (160 steps × batch 64 at ~45 images per CPU-second on one thread, plus the evaluations), so
-two ``--threads 1`` workers finish it in about 75 minutes on 2 idle cores.
+Several workers may share ``--out`` (each run is claimed with a lock file, as in the LM modes). Measured on
+2026-12-03: one ``--threads 1`` worker ran the 30 runs of the default mode in 78 minutes (116–233 s per run) while
+another job held the second core; two workers should take about 40 minutes on 2 idle cores (not measured).
 
     python benchmarks/compare.py --task vision --out /tmp/vision --threads 1  # default: 5 arms × 3 seeds × 2 sizes
     python benchmarks/compare.py --task vision --out /tmp/vision --threads 1  # (a second worker, same folder)
@@ -567,15 +567,13 @@ def main(argv=None) -> dict:
     t0 = time.time()
     for i, spec in enumerate(todo):
         path = run_path(out, spec)
-        if C.finished(path, spec) or not C.claim(path):  # done or running in another worker sharing --out
-            continue
-        t1 = time.time()
-        try:
+        with C.run_slot(path, spec) as slot:
+            if slot != "claimed":  # done or running in another worker sharing --out
+                continue
+            t1 = time.time()
             rec = train_run(spec, train_files.get(spec.n_train, args.train_file), curve_file, test_file,
                             os.path.join(out, "work", spec.setting, spec.arm, f"seed{spec.seed}"))
             C.write_json(path, rec)
-        finally:
-            os.remove(path + ".lock")
         print(f"[vision] {i + 1}/{len(todo)} {spec.setting}/{spec.arm}/seed{spec.seed}: top-1 "
               f"{rec['test_accuracy']:.4f}, {rec['train_images_per_second']:.0f} img/s, {time.time() - t1:.0f} s",
               file=sys.stderr, flush=True)

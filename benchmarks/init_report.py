@@ -102,15 +102,17 @@ def part_kappa(probe_size: int, probe_length: int) -> list[dict]:
 
 def part_vit_kappa(image_file: str) -> list[dict]:
     import datasets
+    from transformers import ViTImageProcessorPil
 
     from hf_condinit.vision import ImageTransform
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "vit-cpu-cifar.json")
     config = AutoConfig.from_pretrained(path)
     image = datasets.load_dataset("parquet", data_files={"probe": image_file}, split="probe[:1]")
-    mean, std = [0.5] * 3, [0.5] * 3  # ViTImageProcessor's defaults, as the script's processor
-    transform = ImageTransform("img", "label", (config.image_size, config.image_size), mean, std, train=False)
-    pixels = transform.pixels(image["img"]).sub(transform.mean).div(transform.std)
+    size = (config.image_size, config.image_size)
+    proc = ViTImageProcessorPil(size={"height": size[0], "width": size[1]})  # the script's default processor
+    transform = ImageTransform("img", "label", size, proc.image_mean, proc.image_std, train=False)
+    pixels = torch.stack(transform({"img": image["img"]})["pixel_values"])  # (1, 3, H, W), as evaluation sees it
     rows = []
     for method in ("default", "mimetic", "conditioned"):
         model = AutoModelForImageClassification.from_config(config, condinit={"method": method, "seed": 0}).eval()
