@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import math
@@ -46,6 +47,7 @@ import torch  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data"))
 _WT2 = os.path.join(SHARED_DATA, "wikitext", "wikitext-2-raw")
+BLIMP_DIR = os.path.join(SHARED_DATA, "blimp")  # BLiMP minimal pairs scored after every LM run (compare.py)
 # --data aliases -> files or directories (read in this order)
 DATASETS: dict[str, list[str]] = {
     "tinystories": [os.path.join(SHARED_DATA, "tinystories", "TinyStories-train.sample-2MiB.txt")],
@@ -267,6 +269,7 @@ def param_counts(model) -> dict:
     return dict(n_params=total, n_params_non_embedding=total - emb)
 
 
+@functools.lru_cache(maxsize=None)
 def non_embedding_params(*, n_layer: int, n_embd: int, n_head: int) -> int:
     """Non-embedding parameter count of the harness's GPT-2 shape (built on the meta device: no memory, no init)."""
     from transformers import GPT2LMHeadModel
@@ -531,11 +534,80 @@ def evaluate_saved_run(run_dir: str, spec: dict, eval_sets: dict) -> dict:
     return evaluate_files(trainer, eval_sets, metrics)
 
 
-def train_run(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict] = None) -> dict:
+def blimp_dir_for(args, tag: str = "compare") -> Optional[str]:
+    """The BLiMP folder that compare.py's LM runs are scored on (``--blimp-dir``, default :data:`BLIMP_DIR`), or
+    None: ``--no-blimp``, ``--quick`` without ``--blimp-dir``, or no ``*.jsonl`` there (then with a note on
+    stderr: the runs are recorded without BLiMP accuracy)."""
+    if args.no_blimp or (args.quick and args.blimp_dir is None):
+        return None
+    path = args.blimp_dir or BLIMP_DIR
+    if os.path.isdir(path) and any(f.endswith(".jsonl") for f in os.listdir(path)):
+        return path
+    print(f"[{tag}] note: no BLiMP data at {path} (--blimp-dir): runs are recorded without BLiMP accuracy",
+          file=sys.stderr)
+    return None
+
+
+def evaluate_blimp(model, tokenizer, blimp_dir: str) -> dict:
+    """BLiMP accuracy of ``model`` (``hf_condinit.zero_shot.evaluate_blimp``: a pair is right when the grammatical
+    sentence has the higher total log-probability; every sentence prefixed with EOS, the same for every arm):
+    ``blimp_accuracy`` (0-1), ``blimp_field_accuracy``, ``blimp_paradigm_accuracy``, ``blimp_n_pairs``,
+    ``blimp_prefix``, plus ``blimp_seconds`` (wall time) and ``blimp_dir``."""
+    from hf_condinit.zero_shot import evaluate_blimp as score
+
+    t = time.perf_counter()
+    was = model.training
+    model.eval()
+    try:
+        out = score(model, tokenizer, blimp_dir, batch_size=64, prefix="eos", device=None, show_progress=False)
+    finally:
+        model.train(was)
+    return dict(out, blimp_seconds=time.perf_counter() - t, blimp_dir=os.path.abspath(blimp_dir))
+
+
+def blimp_saved_run(run_dir: str, tokenizer, blimp_dir: str) -> dict:
+    """:func:`evaluate_blimp` for the model saved in a finished run's Trainer folder (the run is not retrained)."""
+    import hf_condinit  # noqa: F401  (variants)
+    from transformers import AutoModelForCausalLM
+
+    return evaluate_blimp(AutoModelForCausalLM.from_pretrained(run_dir), tokenizer, blimp_dir)
+
+
+def add_missing_blimp(paths: list, tokenizer, blimp_dir: Optional[str], tag: str = "compare") -> None:
+    """Finished runs ``paths`` = [(record path, Trainer folder)] whose record has no BLiMP accuracy: score the saved
+    model when its folder is there and update the record (the run is not retrained); the others stay without it
+    (the reports show "–"), counted in one line on stderr."""
+    if not blimp_dir:
+        return
+    unsaved = 0
+    for path, run_dir in paths:
+        with open(path) as f:
+            rec = json.load(f)
+        if rec.get("blimp"):
+            continue
+        if not os.path.exists(os.path.join(run_dir, "config.json")):
+            unsaved += 1
+            continue
+        print(f"[{tag}] {path}: BLiMP on the saved model", file=sys.stderr)
+        rec["blimp"] = blimp_saved_run(run_dir, tokenizer, blimp_dir)
+        write_json(path, rec)
+    if unsaved:
+        print(f"[{tag}] {unsaved} finished runs have no BLiMP accuracy and no saved model here: reported as '–'",
+              file=sys.stderr)
+
+
+def blimp_accuracy(rec: dict) -> Optional[float]:
+    """A record's overall BLiMP accuracy (0-1), None for records made without it."""
+    return (rec.get("blimp") or {}).get("blimp_accuracy")
+
+
+def train_run(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict] = None,
+              blimp_dir: Optional[str] = None) -> dict:
     """Train one arm for one seed into the Trainer output folder ``run_dir`` (replaced if it holds an unfinished
-    run); evaluate on the whole held-out split and on each of ``eval_sets`` (name -> packed dataset). Returns the
-    run record: :func:`summarize_trainer_run` of the folder plus parameter counts, tokens seen, per-file eval,
-    step-0 diagnostics, timings and the digest of the training batches. What the Trainer prints goes to
+    run); evaluate on the whole held-out split, on each of ``eval_sets`` (name -> packed dataset) and, given
+    ``blimp_dir``, on BLiMP (:func:`evaluate_blimp`, record key ``blimp``). Returns the run record:
+    :func:`summarize_trainer_run` of the folder plus parameter counts, tokens seen, per-file eval, step-0
+    diagnostics, timings and the digest of the training batches. What the Trainer prints goes to
     ``run_dir/log.txt``."""
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
@@ -543,12 +615,13 @@ def train_run(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[d
         shutil.rmtree(run_dir)
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "log.txt"), "w") as log, contextlib.redirect_stdout(log):
-        rec = _train(spec, data, run_dir, eval_sets)
+        rec = _train(spec, data, run_dir, eval_sets, blimp_dir)
     rec.update(wall_seconds=time.perf_counter() - t_start, loadavg_1m_at_start=load_start)
     return rec
 
 
-def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict]) -> dict:
+def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict],
+           blimp_dir: Optional[str] = None) -> dict:
     from transformers import PrinterCallback, default_data_collator
 
     from hf_condinit.callbacks import RunReportCallback
@@ -586,13 +659,18 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
     final = evaluate_with_perplexity(trainer, trainer.eval_dataset)
     trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
     eval_files = evaluate_files(trainer, eval_sets or {}, final)
+    blimp = None
+    if blimp_dir:
+        blimp = evaluate_blimp(model, data.tokenizer, blimp_dir)
+        final["blimp_accuracy"] = blimp["blimp_accuracy"]
+        trainer.save_metrics("eval", final)
 
     rec: dict[str, Any] = summarize_trainer_run(run_dir)
     tokens_seen = spec.steps * spec.batch_size * spec.block_size
     train_tokens = data.info["train_blocks"] * spec.block_size
     rec.update(spec=asdict(spec), key=spec.key(), arm=spec.arm, seed=spec.seed, setting=spec.setting,
                **param_counts(model), data=data.info, step0=step0, build_seconds=t_build, run_dir=run_dir,
-               train_batches_sha256=digest.hexdigest(), eval_files=eval_files,
+               train_batches_sha256=digest.hexdigest(), eval_files=eval_files, blimp=blimp,
                initial_eval_loss=rec["eval_curve"][0][1], final_eval_loss=final["eval_loss"],
                final_eval_ppl=final["perplexity"], tokens_seen=tokens_seen, epochs=tokens_seen / train_tokens,
                train_runtime=train_metrics["train_runtime"], torch_threads=torch.get_num_threads())
@@ -696,11 +774,13 @@ def run_slot(path: str, spec):
             pass
 
 
-def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_info: dict, paths) -> list[str]:
+def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_info: dict, paths,
+                 blimp_dir: Optional[str] = None) -> list[str]:
     """Train every spec of ``todo`` (a sub-list of ``runs``, in order) that no one has finished or claimed:
-    ``paths(spec) -> (record path, Trainer folder)``; the record (:func:`train_run` plus ``eval_file_info``,
-    ``finished_at``, ``cpu_seconds`` = user + system CPU time of this process for the run) is written last. Returns
-    the record paths skipped because another worker holds their lock."""
+    ``paths(spec) -> (record path, Trainer folder)``; the record (:func:`train_run` (with BLiMP given
+    ``blimp_dir``) plus ``eval_file_info``, ``finished_at``, ``cpu_seconds`` = user + system CPU time of this
+    process for the run) is written last. Returns the record paths skipped because another worker holds their
+    lock."""
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", dynamic_ncols=True)
@@ -714,7 +794,7 @@ def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_i
             if slot == "claimed":
                 bar.set_postfix_str(f"{spec.setting}/{spec.extra.get('label', spec.arm)}/seed{spec.seed}")
                 cpu0 = time.process_time()
-                rec = train_run(spec, data, run_dir, eval_sets)
+                rec = train_run(spec, data, run_dir, eval_sets, blimp_dir)
                 rec["cpu_seconds"] = time.process_time() - cpu0
                 rec["eval_file_info"] = eval_info
                 rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

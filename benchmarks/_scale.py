@@ -112,14 +112,17 @@ def setting_name(size, tpp: float, lr: float) -> str:
     return f"{size_name(size)}_tpp{tpp:g}_lr{lr:g}"
 
 
-def make_spec(p: ScalePlan, label: str, size, tpp: float, lr: float, seed: int) -> C.TrainSpec:
+def make_spec(p, label: str, size, tpp: float, lr: float, seed: int, kappa_at: tuple = ()) -> C.TrainSpec:
+    """One run of a sweep: arm ``label`` of :data:`ARMS`, ``size`` = (n_layer, n_embd, n_head), ``tpp`` training
+    tokens per non-embedding parameter at learning rate ``lr``; batch, block and evaluation sizes from the plan
+    ``p`` (a :class:`ScalePlan` or the depth sweep's plan); κ(J) at the fractions ``kappa_at`` of the run."""
     arm, over = ARMS[label]
     n_layer, n_embd, n_head = size
     kw = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, batch_size=p.batch_size, block_size=p.block_size,
               tokens_per_param=tpp)
     steps = C.steps_for_tokens_per_param(kw)
     return C.TrainSpec(arm=arm, seed=seed, steps=steps, lr=lr, eval_every=max(1, steps // 10),
-                       eval_blocks=p.eval_blocks, log_every=max(1, steps // 40), kappa_at=(),
+                       eval_blocks=p.eval_blocks, log_every=max(1, steps // 40), kappa_at=tuple(kappa_at),
                        diag_probe=(2, min(128, p.block_size)), v_gain=over.get("v_gain"),
                        setting=setting_name(size, tpp, lr),
                        extra=dict(label=label, size=size_name(size), final_eval_blocks=p.final_eval_blocks), **kw)
@@ -188,11 +191,12 @@ def measure_cost(size, p: ScalePlan, steps: int = 4) -> dict:
                 batch=[p.batch_size, p.block_size], vocab_size=p.vocab_size)
 
 
-def load_costs(out: str, p: ScalePlan) -> dict:
-    """``<out>/cost.json`` (size name -> :func:`measure_cost`), measuring the sizes it lacks."""
+def load_costs(out: str, p, sizes=None) -> dict:
+    """``<out>/cost.json`` (size name -> :func:`measure_cost`), measuring the sizes (default ``p.sizes``) it
+    lacks."""
     path = os.path.join(out, "cost.json")
     costs = json.load(open(path)) if os.path.exists(path) else {}
-    missing = [s for s in p.sizes if size_name(s) not in costs.get("sizes", {})]
+    missing = [s for s in (p.sizes if sizes is None else sizes) if size_name(s) not in costs.get("sizes", {})]
     if missing:
         costs.setdefault("sizes", {}).update({size_name(s): measure_cost(s, p) for s in missing})
         costs["machine"] = C.machine_info()
@@ -332,14 +336,17 @@ def load_cells(out: str, eval_name: str | None) -> dict:
             cell = cells.setdefault((spec["extra"]["size"], spec["tokens_per_param"], spec["lr"]), {})
             cell.setdefault(spec["extra"]["label"], {})[rec["seed"]] = dict(
                 loss=loss, ppl=math.exp(loss) if loss < 700 else float("inf"), n=rec["n_params_non_embedding"],
-                epochs=rec["epochs"], cpu_seconds=rec.get("cpu_seconds"), steps=spec["steps"])
+                epochs=rec["epochs"], cpu_seconds=rec.get("cpu_seconds"), steps=spec["steps"],
+                blimp=C.blimp_accuracy(rec))
     return cells
 
 
-def paired_gaps(cell: dict, label: str) -> dict:
-    """seed -> loss(label) − loss(default), over the seeds both have."""
+def paired_gaps(cell: dict, label: str, key: str = "loss") -> dict:
+    """seed -> ``key``(label) − ``key``(default) (``key``: "loss" or "blimp"), over the seeds both have (with a
+    value)."""
     d, a = cell.get("default", {}), cell.get(label, {})
-    return {s: a[s]["loss"] - d[s]["loss"] for s in sorted(set(a) & set(d))}
+    return {s: a[s][key] - d[s][key] for s in sorted(set(a) & set(d))
+            if a[s].get(key) is not None and d[s].get(key) is not None}
 
 
 def _ms(xs):
@@ -411,8 +418,8 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
     def table(title, keys):
         lines.append(title + "\n")
         lines.append("| size | non-emb. params | tokens/param | lr | epochs | arm | seeds | ppl per seed | ppl mean ± std "
-                     "| Δ loss (mean ± std) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+                     "| Δ loss (mean ± std) | BLiMP % per seed | Δ BLiMP pts (mean ± std) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for k in keys:
             c = cells[k]
             for a in [x for x in p.arms if x in c]:
@@ -420,10 +427,15 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
                 ppl_m, ppl_s = _ms(r["ppl"] for r in runs.values())
                 gm, gs = _ms(paired_gaps(c, a).values()) if a != "default" else (None, None)
                 any_run = next(iter(runs.values()))
+                bm, bs = _ms(100 * g for g in paired_gaps(c, a, "blimp").values()) if a != "default" else (None, None)
                 lines.append(f"| {k[0]} | {any_run['n']:,} | {k[1]:g} | {k[2]:g} | {any_run['epochs']:.2f} | {a} | "
                              f"{len(runs)} | {' / '.join(format(r['ppl'], '.2f') for r in runs.values())} | "
                              f"{_f(ppl_m, 2)} ± {_f(ppl_s, 2)} | "
-                             + ("–" if a == "default" else f"{_f(gm, sign=True)} ± {_f(gs)}") + " |")
+                             + ("–" if a == "default" else f"{_f(gm, sign=True)} ± {_f(gs)}") + " | "
+                             + " / ".join(_f(None if r.get("blimp") is None else 100 * r["blimp"], 2)
+                                          for r in runs.values()) + " | "
+                             + ("–" if a == "default" or bm is None else f"{_f(bm, 2, sign=True)} ± {_f(bs, 2)}")
+                             + " |")
         lines.append("")
 
     order = {size_name(s): i for i, s in enumerate(p.sizes)}
@@ -563,11 +575,11 @@ GITIGNORE = "# written by compare.py --scale-sweep: only the records, cost, resu
             "trainer/\ncache/\n*.lock\n*.tmp*\n"
 
 
-def check_fixed(args) -> None:
+def check_fixed(args, mode: str = "--scale-sweep", module: str = "benchmarks/_scale.py") -> None:
     """The flags that the sweep's plan fixes: a user error (exit 2) when given."""
     for name in _FIXED:
         if getattr(args, name) is not None:
-            fail(f"--scale-sweep fixes sizes, lengths, learning rates, arms and seeds (benchmarks/_scale.py FULL / "
+            fail(f"{mode} fixes sizes, lengths, learning rates, arms and seeds ({module} FULL / "
                  f"QUICK); drop --{name.replace('_', '-')}")
 
 
@@ -588,6 +600,7 @@ def run(args) -> dict:
     C.quiet_transformers()
     runs = plan(p)
     todo = [r for r in runs if not C.finished(record_paths(out, r)[0], r)]
+    blimp = C.blimp_dir_for(args, "scale")
     try:
         data = C.prepare_data(C.resolve_data_paths(args.data), vocab_size=p.vocab_size, block_size=p.block_size,
                               max_bytes=args.max_bytes or p.max_bytes, cache_dir=os.path.join(out, "cache"))
@@ -603,7 +616,8 @@ def run(args) -> dict:
     most = max(r.steps * r.batch_size * r.block_size for r in runs)
     print(f"[scale] training data: {data.info['train_tokens']:,} tokens; the longest run reads "
           f"{most / (data.info['train_blocks'] * p.block_size):.2f} epochs; output {out}", file=sys.stderr)
-    skipped = C.execute_runs(runs, todo, data, eval_sets, eval_info, lambda r: record_paths(out, r))
+    C.add_missing_blimp([record_paths(out, r) for r in runs if r not in todo], data.tokenizer, blimp, "scale")
+    skipped = C.execute_runs(runs, todo, data, eval_sets, eval_info, lambda r: record_paths(out, r), blimp)
     if skipped:
         print(f"[scale] {len(skipped)} runs are being done by another worker; run --report-only when they are "
               "finished", file=sys.stderr)

@@ -25,6 +25,7 @@ several workers may share the directory: runs in progress are claimed with lock 
     python benchmarks/compare.py --sweep qk_gain=0.25 lr=3e-4 n_layer=8   # a custom sweep
     python benchmarks/compare.py --report-only         # rebuild results.* from the finished runs
     python benchmarks/compare.py --scale-sweep         # the scale sweep of issue 13 (benchmarks/_scale.py)
+    python benchmarks/compare.py --depth-sweep         # the depth sweep of issue 21 (benchmarks/_depth.py)
     python benchmarks/compare.py --task vision         # ViT on CIFAR-10 (benchmarks/_vision.py; --quick, --report-only)
 """
 
@@ -66,10 +67,17 @@ def parse_args(argv=None):
     p.add_argument("--scale-sweep", action="store_true",
                    help="the scale sweep of issue 13 (benchmarks/_scale.py): sizes × arms × seeds, a length and an "
                         "LR sweep at the middle size, the trend of the gap to default; with --quick, --report-only")
+    p.add_argument("--depth-sweep", action="store_true",
+                   help="the depth sweep of issue 21 (benchmarks/_depth.py): depths 2/4/8 at width 64, each arm at "
+                        "its own best learning rate of an LR grid at depth 4; with --quick, --report-only")
     p.add_argument("--data", nargs="+", default=None, metavar="DATA",
                    help="text files or directories (their text files, sorted), read in the order given, documents "
                         "kept whole; or aliases of files under ../shared/data: %s (default tinystories; "
-                        "--scale-sweep: enwiki wikitext2-train)" % ", ".join(C.DATASETS))
+                        "--scale-sweep / --depth-sweep: enwiki wikitext2-train)" % ", ".join(C.DATASETS))
+    p.add_argument("--blimp-dir", default=None, metavar="DIR",
+                   help="BLiMP minimal pairs (*.jsonl) scored for every LM run next to its perplexity (default "
+                        "../shared/data/blimp; a note and no BLiMP when absent; --quick: only when given)")
+    p.add_argument("--no-blimp", action="store_true", help="record no BLiMP accuracy")
     p.add_argument("--eval-file", action="append", default=[], metavar="FILE",
                    help="also evaluate every run on this text file (repeatable; same tokenizer and block size; "
                         "perplexity per file in results.json)")
@@ -105,8 +113,9 @@ def parse_args(argv=None):
     p.add_argument("--copy-plots", default=None, help="also copy the PNG plots into this directory")
     args = p.parse_args(argv)
     if args.data is None:
-        args.data = ["enwiki", "wikitext2-train"] if args.scale_sweep else ["tinystories"]
+        args.data = ["enwiki", "wikitext2-train"] if args.scale_sweep or args.depth_sweep else ["tinystories"]
     return args
+
 
 
 def base_spec_kwargs(args) -> dict:
@@ -313,6 +322,14 @@ def aggregate_setting(recs: list[dict]) -> dict:
                  n_params=rs[0]["n_params"], n_params_non_embedding=rs[0]["n_params_non_embedding"],
                  tokens_seen=rs[0]["tokens_seen"],
                  tokens_per_param=rs[0]["tokens_seen"] / rs[0]["n_params_non_embedding"])
+        acc = [C.blimp_accuracy(r) for r in rs]
+        a["blimp_accuracy"] = acc
+        a["blimp_mean"], a["blimp_std"] = _mean_std(acc)
+        if arm != "default" and default:
+            d_acc = [acc[i] - C.blimp_accuracy(default[s]) for i, s in enumerate(sorted(seeds))
+                     if s in default and acc[i] is not None and C.blimp_accuracy(default[s]) is not None]
+            a["delta_blimp_vs_default"] = d_acc
+            a["delta_blimp_mean"], a["delta_blimp_std"] = _mean_std(d_acc)
         files = sorted({n for r in rs for n in r.get("eval_files", {})})
         if files:
             a["eval_files"] = {name: eval_file_stats(name, seeds, default if arm != "default" else {})
@@ -375,6 +392,13 @@ def _fmt(x, nd=3):
     return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
+def _pct(x, sign=False):
+    """A 0-1 accuracy (or difference) in percent (points), "–" when missing."""
+    if x is None:
+        return "–"
+    return f"{100 * x:+.2f}" if sign else f"{100 * x:.2f}"
+
+
 def arm_order(arms):
     order = list(C.ARMS)
     return sorted(arms, key=lambda a: order.index(a) if a in order else len(order))
@@ -399,8 +423,9 @@ def markdown(results: dict) -> str:
                      + (f", {a0['epochs']:.2f} epochs: training blocks are seen more than once" if a0["epochs"] > 1
                         else "") + ".\n")
         lines.append("| arm | seeds | eval ppl (mean ± std) | eval loss | Δ loss vs default (paired, mean ± std) | "
-                     "exceeds seed spread | steps to default's final loss (ratio) | tokens/s |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+                     "exceeds seed spread | BLiMP acc. % (mean ± std) | Δ BLiMP pts (paired) | "
+                     "steps to default's final loss (ratio) | tokens/s |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for arm in arm_order(base["arms"]):
             a = base["arms"][arm]
             delta = "–" if arm == "default" else f"{_fmt(a.get('delta_mean'))} ± {_fmt(a.get('delta_std'))}"
@@ -410,7 +435,9 @@ def markdown(results: dict) -> str:
             reach = (f"{st:.0f} ({a['ratio_to_run_length']:.2f}), {a['n_reached']}/{len(a['seeds'])} seeds"
                      if st is not None else f"not reached (0/{len(a['seeds'])})")
             lines.append(f"| {arm} | {len(a['seeds'])} | {_fmt(a['ppl_mean'], 2)} ± {_fmt(a['ppl_std'], 2)} | "
-                         f"{_fmt(a['loss_mean'])} | {delta} | {exc} | {reach} | {_fmt(a['tokens_per_s'], 0)} |")
+                         f"{_fmt(a['loss_mean'])} | {delta} | {exc} | {_pct(a.get('blimp_mean'))} ± "
+                         f"{_pct(a.get('blimp_std'))} | {_pct(a.get('delta_blimp_mean'), sign=True)} ± "
+                         f"{_pct(a.get('delta_blimp_std'))} | {reach} | {_fmt(a['tokens_per_s'], 0)} |")
         lines.append("")
         files = sorted({n for a in base["arms"].values() for n in a.get("eval_files", {})})
         if files:
@@ -474,6 +501,9 @@ def markdown(results: dict) -> str:
                          f"| {'yes' if dm is not None and dm < 0 else 'no'} | {j(c['step0']['attn_entropy'])} | "
                          f"{j(d['step0']['attn_entropy'])} |")
         lines.append("")
+    lines.append("BLiMP: accuracy on the minimal pairs of `--blimp-dir` (a pair is right when the grammatical "
+                 "sentence has the higher total log-probability, EOS prefix; chance 50 %); '–' = run recorded "
+                 "without it.\n")
     lines.append("Criterion: a difference *exceeds the seed spread* when |mean paired Δ| > 2 × the pooled seed std "
                  "of the two arms and all seeds agree in sign. Steps to default's final loss: first crossing of the "
                  "mean final eval-curve loss of default (eval-curve subset, linear interpolation).")
@@ -596,12 +626,21 @@ def main(argv=None) -> dict:
 
         return _vision.main(argv)
     args = parse_args(argv)
+    if args.scale_sweep and args.depth_sweep:
+        fail("--scale-sweep and --depth-sweep are two modes; pass one of them")
     if args.scale_sweep:
         import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
 
         _scale.check_fixed(args)
         check_args(args)
         return _scale.run(args)
+    if args.depth_sweep:
+        import _depth  # issue 21: depths × arms × seeds, each arm at its own best LR (benchmarks/_depth.py)
+        import _scale
+
+        _scale.check_fixed(args, "--depth-sweep", "benchmarks/_depth.py")
+        check_args(args)
+        return _depth.run(args)
     return run_lm(args)
 
 
@@ -633,11 +672,14 @@ def run_lm(args) -> dict:
     todo = [r for r in runs if not finished(run_path(out, r), r)]
     print(f"[compare] {len(runs)} runs planned, {len(runs) - len(todo)} already finished; output {out}",
           file=sys.stderr)
+    blimp = C.blimp_dir_for(args)
     for r in runs:
         if r not in todo:
             add_missing_eval_files(run_path(out, r), trainer_dir(out, r), eval_sets, eval_info)
+    C.add_missing_blimp([(run_path(out, r), trainer_dir(out, r)) for r in runs if r not in todo], data.tokenizer,
+                        blimp)
     skipped_locked = C.execute_runs(runs, todo, data, eval_sets, eval_info,
-                                    lambda r: (run_path(out, r), trainer_dir(out, r)))
+                                    lambda r: (run_path(out, r), trainer_dir(out, r)), blimp)
     if skipped_locked:
         print(f"[compare] {len(skipped_locked)} runs are being done by another worker; run --report-only when "
               "they are finished", file=sys.stderr)

@@ -8,10 +8,13 @@ sample from ``../shared/data`` when present (first 100 kB), otherwise a generate
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
-from utils import TINYSTORIES, WIKI_VALID, load_script
+from utils import SHARED_DATA, TINYSTORIES, WIKI_VALID, load_script
+
+BLIMP = SHARED_DATA / "blimp"
 
 
 def _load_compare():
@@ -33,11 +36,64 @@ def _data_file(tmp_path) -> str:
     return str(path)
 
 
+def blimp_subset(tmp_path, per_paradigm: int = 8) -> str:
+    """A small BLiMP folder: the first short pairs (≤ 45 characters) of three paradigms of ``../shared/data/blimp``
+    in the same JSONL form, or made-up agreement pairs when the data is absent."""
+    folder = tmp_path / "blimp_subset"
+    folder.mkdir(exist_ok=True)
+    names = ["anaphor_gender_agreement", "determiner_noun_agreement_1", "regular_plural_subject_verb_agreement_1"]
+    for name in names:
+        src = BLIMP / f"{name}.jsonl"
+        if src.exists():
+            rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+            rows = [r for r in rows if max(len(r["sentence_good"]), len(r["sentence_bad"])) <= 45][:per_paradigm]
+        else:
+            rows = [dict(sentence_good=f"The {n} is here.", sentence_bad=f"The {n} are here.", field="morphology",
+                         UID=name, pairID=str(i)) for i, n in enumerate(["cat", "dog", "boat", "tree"])]
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)
+
+
+def naive_blimp_decisions(run_dir: str, tokenizer, folder: str) -> tuple[list, list]:
+    """An independent BLiMP reference: each sentence alone (no batch, no padding) after an EOS token, its total
+    log-probability by hand from the logits; returns (grammatical wins per pair, |margin| per pair)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import hf_condinit  # noqa: F401
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir).eval()
+
+    def logprob(text):
+        ids = torch.tensor([[tokenizer.eos_token_id] + tokenizer(text)["input_ids"]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits.double(), dim=-1)
+        return float(sum(logp[0, t - 1, ids[0, t]] for t in range(1, ids.shape[1])))
+
+    wins, margins = [], []
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            d = logprob(r["sentence_good"]) - logprob(r["sentence_bad"])
+            wins.append(d > 0)
+            margins.append(abs(d))
+    return wins, margins
+
+
+def assert_blimp_matches(rec: dict, tokenizer, folder: str) -> None:
+    """The record's BLiMP accuracy equals the naive reference (pairs within 1e-4 nats of a tie may go either way)."""
+    wins, margins = naive_blimp_decisions(rec["run_dir"], tokenizer, folder)
+    near_ties = sum(m < 1e-4 for m in margins)
+    assert rec["blimp"]["blimp_n_pairs"] == len(wins) and rec["blimp"]["blimp_prefix"] == "eos"
+    assert abs(rec["blimp"]["blimp_accuracy"] - sum(wins) / len(wins)) <= near_ties / len(wins) + 1e-12
+
+
 def test_compare_quick(tmp_path):
     compare = _load_compare()
     out = tmp_path / "quick"
+    blimp = blimp_subset(tmp_path)
     argv = ["--quick", "--data", _data_file(tmp_path), "--max-bytes", "100000", "--out", str(out), "--threads", "1",
-            "--steps", "20"]
+            "--steps", "20", "--blimp-dir", blimp]
     results = compare.main(argv)
 
     # files
@@ -73,11 +129,32 @@ def test_compare_quick(tmp_path):
     for r in rows:
         arm = r.split("|")[1].strip()
         assert f"{arms[arm]['ppl_mean']:.2f}" in r
+        assert f"{100 * arms[arm]['blimp_mean']:.2f} ±" in r  # BLiMP next to perplexity
+
+    # BLiMP: the record's accuracy is the naive per-sentence reference on the saved model; paired Δ in results
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(next((out / "cache").glob("data_*/tokenizer")))
+    recs = {a: json.loads((out / "runs" / "base" / a / "seed0.json").read_text()) for a in arms}
+    for rec in recs.values():
+        assert_blimp_matches(rec, tok, blimp)
+    assert math.isclose(arms["conditioned"]["delta_blimp_mean"],
+                        recs["conditioned"]["blimp"]["blimp_accuracy"] - recs["default"]["blimp"]["blimp_accuracy"])
 
     # resumable: a second call trains nothing and leaves the run files untouched
     mtimes = {p: (out / p).stat().st_mtime_ns for p in run_files}
     compare.main(argv)
     assert {p: (out / p).stat().st_mtime_ns for p in run_files} == mtimes
+
+    # a record made before BLiMP (no "blimp" key, model not saved) still loads: "–" in its row
+    path = out / "runs/base/conditioned/seed0.json"
+    rec = json.loads(path.read_text())
+    del rec["blimp"]
+    path.write_text(json.dumps(rec))
+    again = compare.main(argv + ["--report-only"])
+    assert again["settings"]["base"]["arms"]["conditioned"]["blimp_mean"] is None
+    row = next(line for line in (out / "results.md").read_text().splitlines() if line.startswith("| conditioned |"))
+    assert "| – ± – | – ± – |" in row
 
 
 def _story_files(tmp_path, n_files: int = 2) -> list:

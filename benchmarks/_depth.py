@@ -1,0 +1,636 @@
+"""``benchmarks/compare.py --depth-sweep``: does an init's gap to default shrink, flip or grow with depth, each arm
+at its own best learning rate? (issue 21)
+
+The scale sweep (``_scale.py``) varied width at depth 2; this mode varies depth at width 64 (head dim 32, 2 heads)
+with the same data, tokenizer, batch, block, evaluation and arms (:data:`_scale.ARMS`), and records per run the
+WikiText-2 valid loss / perplexity (``--eval-file``), BLiMP accuracy (``--blimp-dir``, ``_common.evaluate_blimp``),
+the eval curve (steps to default's final loss) and κ(J) of every layer at init and at the end (causal and unmasked,
+``ConditionNumberCallback``).
+
+Plan (:data:`FULL`; :func:`plan`), in this order:
+
+1. **LR grid** at depth ``grid_depth`` (4), seed 0, ``grid_tpp`` (5) tokens per non-embedding parameter, every arm
+   at the half-decade rates ``grid_lrs`` (1e-3, 3e-3, 1e-2, 3e-2). When an arm's best rate (lowest WikiText-2 valid
+   loss) is the lowest or the highest it was tried at, the next half-decade of :attr:`DepthPlan.ladder` beyond it is
+   added for that arm (:func:`grid_state`), until its best is inside or the ladder ends (said in the report).
+2. **Depth sweep**: depths ``depths`` (2, 4, 8) × arms × seeds ``seeds`` (0-1; 0-2 at depth 4) at ``main_tpp`` (20)
+   tokens per parameter, each arm at *its own* best rate of the grid; seed 0 of every depth first (shallowest first,
+   default first), then seed 1, then seed 2. An arm's depth runs enter the plan when its grid is decided, so a
+   worker never waits while there is a decided run to do.
+
+8 × 96 (``dropped``) is not in the plan: its estimate is printed next to the plan's and exceeds the 5-hour budget on
+its own (issue 21: "drop 8 × 96 first").
+
+Shared-rate results beside the own-rate ones (issue 21, item 2), where both exist: at ``grid_tpp`` the grid's
+``shared_lr`` column (depth 4, seed 0) and the scale sweep's LR sweep at 2 × 64 (seeds 0-1); at ``main_tpp`` the
+scale sweep's 2 × 64 runs at its shared rate (seeds 0-2), read from ``benchmarks/results/scale`` (``shared_from``).
+
+Resumable and shared like the scale sweep (``_common.execute_runs``: one record per finished run, lock files, any
+number of workers on one ``--out``; default ``benchmarks/results/depth``); a worker whose remaining runs wait on
+another worker's grid run polls every 30 s. Cost: ``cost.json`` per size (``_scale.measure_cost``), the estimate
+printed before training (training, evaluation and BLiMP forward tokens; κ and the Trainer's overhead not included).
+
+    python benchmarks/compare.py --depth-sweep --threads 1                  # full mode (two workers: README)
+    python benchmarks/compare.py --depth-sweep --quick --out /tmp/depth_q   # tiny sizes, a few steps
+    python benchmarks/compare.py --depth-sweep --report-only                # tables / plots from finished runs
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import _common as C
+import _scale as S
+from _common import fail
+
+
+@dataclass(frozen=True)
+class DepthPlan:
+    """What the depth sweep trains (module docstring). ``seeds[i]`` seeds at ``depths[i]``; ``ladder``: the
+    half-decade rates a grid may extend to, ascending, ``grid_lrs`` a contiguous part of it."""
+
+    width: int
+    n_head: int
+    depths: tuple
+    seeds: tuple
+    main_tpp: float
+    grid_depth: int
+    grid_tpp: float
+    grid_lrs: tuple
+    ladder: tuple
+    shared_lr: float
+    arms: tuple
+    batch_size: int
+    block_size: int
+    vocab_size: int
+    eval_blocks: int
+    final_eval_blocks: int
+    dropped: tuple = ()  # sizes (n_layer, n_embd, n_head) left out for the budget: estimated, not run
+    shared_from: str | None = None  # output folder of the scale sweep (shared-rate runs at depth 2)
+    max_bytes: int | None = None
+
+    def size(self, depth: int) -> tuple:
+        return (depth, self.width, self.n_head)
+
+    @property
+    def sizes(self) -> list:
+        return [self.size(d) for d in self.depths]
+
+
+FULL = DepthPlan(width=64, n_head=2, depths=(2, 4, 8), seeds=(2, 3, 2), main_tpp=20.0, grid_depth=4, grid_tpp=5.0,
+                 grid_lrs=(1e-3, 3e-3, 1e-2, 3e-2), ladder=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
+                 shared_lr=3e-3, arms=tuple(S.ARMS), batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16,
+                 final_eval_blocks=64, dropped=((8, 96, 3),),
+                 shared_from=os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale"))
+QUICK = DepthPlan(width=32, n_head=4, depths=(1, 2), seeds=(1, 2), main_tpp=0.25, grid_depth=2, grid_tpp=0.1,
+                  grid_lrs=(3e-3, 1e-2), ladder=(1e-3, 3e-3, 1e-2, 3e-2), shared_lr=3e-3,
+                  arms=("default", "conditioned_v0.25"), batch_size=4, block_size=64, vocab_size=512, eval_blocks=4,
+                  final_eval_blocks=8, max_bytes=200_000)
+KAPPA_AT = (0.0, 1.0)  # κ(J) at init and at the end of every run
+POLL_SECONDS = 30
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def grid_spec(p: DepthPlan, label: str, lr: float) -> C.TrainSpec:
+    return S.make_spec(p, label, p.size(p.grid_depth), p.grid_tpp, lr, 0, KAPPA_AT)
+
+
+def depth_spec(p: DepthPlan, label: str, depth: int, lr: float, seed: int) -> C.TrainSpec:
+    return S.make_spec(p, label, p.size(depth), p.main_tpp, lr, seed, KAPPA_AT)
+
+
+def record_metric(rec: dict, eval_name: str | None) -> float:
+    """The compared loss of a record (WikiText-2 valid when evaluated, else the internal held-out split); a
+    non-finite loss (a diverged run) counts as +inf."""
+    loss = S._metric(rec, eval_name)
+    return loss if loss is not None and math.isfinite(loss) else math.inf
+
+
+def _finished_record(out: str, spec: C.TrainSpec) -> dict | None:
+    path = S.record_paths(out, spec)[0]
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return rec if rec.get("key") == spec.key() else None
+
+
+def grid_state(out: str, p: DepthPlan, eval_name: str | None) -> dict:
+    """Per arm: ``lrs`` (the rates its grid needs, ascending: ``grid_lrs`` plus the half-decades added beyond a best
+    rate at the edge), ``loss`` (lr -> compared loss of the finished grid runs) and ``best`` (the rate of the lowest
+    loss once every rate of ``lrs`` is finished, else None); ``at_ladder_end`` when the best is at an edge that
+    the ladder cannot extend."""
+    state = {}
+    for label in p.arms:
+        lrs = list(p.grid_lrs)
+        while True:
+            loss = {}
+            for lr in lrs:
+                rec = _finished_record(out, grid_spec(p, label, lr))
+                if rec is not None:
+                    loss[lr] = record_metric(rec, eval_name)
+            best = min(loss, key=loss.get) if len(loss) == len(lrs) else None
+            i = None if best is None else p.ladder.index(best)
+            if best is not None and best == lrs[0] and i > 0:
+                lrs.insert(0, p.ladder[i - 1])
+            elif best is not None and best == lrs[-1] and i < len(p.ladder) - 1:
+                lrs.append(p.ladder[i + 1])
+            else:
+                break
+        state[label] = dict(lrs=lrs, loss=loss, best=best,
+                            at_ladder_end=best is not None and best in (p.ladder[0], p.ladder[-1]))
+    return state
+
+
+def plan(p: DepthPlan, state: dict, placeholder: bool = False) -> list[C.TrainSpec]:
+    """Every run known now, in order (module docstring): the grid runs of ``state`` (:func:`grid_state`), then the
+    depth runs of the arms whose best rate is decided. ``placeholder``: also the undecided arms' depth runs, at
+    ``shared_lr`` (for the cost estimate only; the rate does not change the cost)."""
+    runs = [grid_spec(p, a, lr) for a in p.arms for lr in state[a]["lrs"]]
+    for seed in range(max(p.seeds)):
+        for depth, n_seeds in zip(p.depths, p.seeds):
+            if seed >= n_seeds:
+                continue
+            for a in p.arms:
+                lr = state[a]["best"] or (p.shared_lr if placeholder else None)
+                if lr is not None:
+                    runs.append(depth_spec(p, a, depth, lr, seed))
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cost
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def blimp_tokens(tokenizer, blimp_dir: str | None) -> int:
+    """Tokens one BLiMP evaluation feeds the model: every sentence of the pairs plus its EOS prefix (padding to the
+    longest sentence of a batch not included)."""
+    if not blimp_dir:
+        return 0
+    n = 0
+    for fn in sorted(os.listdir(blimp_dir)):
+        if fn.endswith(".jsonl"):
+            with open(os.path.join(blimp_dir, fn), encoding="utf-8") as f:
+                pairs = [json.loads(line) for line in f if line.strip()]
+            sents = [x["sentence_good"] for x in pairs] + [x["sentence_bad"] for x in pairs]
+            n += sum(len(ids) + 1 for ids in tokenizer(sents)["input_ids"])
+    return n
+
+
+def estimate_lines(p: DepthPlan, out: str, runs: list, done: list, costs: dict, eval_tokens: int,
+                   n_blimp: int) -> list[str]:
+    """What the start of the sweep prints: the cost per size, the plan's CPU estimate (all runs, what is left) on 2
+    idle cores with two single-thread workers, and what the dropped sizes would add."""
+    def est(r):
+        c = costs["sizes"][r.extra["size"]]
+        return S.run_cpu_estimate(r, c, eval_tokens) + 1e-6 * n_blimp * c["eval_cpu_us_per_token"]
+
+    lines = ["[depth] CPU time per token (user + system, one thread, forward + backward + AdamW / forward; measured "
+             "once on random tokens, cost.json):"]
+    lines += [f"[depth]   {n}: train {c['train_cpu_us_per_token']:.1f} µs, eval {c['eval_cpu_us_per_token']:.1f} µs"
+              for n, c in costs["sizes"].items()]
+    kinds: dict = {}
+    for r in runs:
+        kinds.setdefault((r.extra["size"], r.tokens_per_param), []).append(est(r))
+    lines += [f"[depth]   {size} at {tpp:g} tokens/param: {len(xs)} runs × {xs[0]:.0f} core-s"
+              for (size, tpp), xs in kinds.items()]
+    total = sum(est(r) for r in runs)
+    left = total - sum(est(r) for r in done)
+    lines.append(f"[depth] plan: {len(runs)} runs, {total / 3600:.2f} core-h ({total / 7200:.2f} h on 2 idle cores, "
+                 f"two --threads 1 workers); left: {len(runs) - len(done)} runs, {left / 3600:.2f} core-h "
+                 f"({left / 7200:.2f} h on 2 cores). κ(J) and the Trainer's overhead not included; the grid may add "
+                 "a rate per arm.")
+    for size in p.dropped:
+        name = S.size_name(size)
+        if name in costs["sizes"]:
+            extra = [S.make_spec(p, a, size, p.main_tpp, p.shared_lr, s, KAPPA_AT) for s in range(min(p.seeds))
+                     for a in p.arms]
+            cost = sum(S.run_cpu_estimate(r, costs["sizes"][name], eval_tokens) for r in extra)
+            lines.append(f"[depth] not in the plan: {name} ({len(extra)} runs) would add {cost / 3600:.2f} core-h "
+                         f"({cost / 7200:.2f} h on 2 cores)")
+    recs = [(r, _finished_record(out, r)) for r in done]
+    recs = [(r, x) for r, x in recs if x and "cpu_seconds" in x]
+    if recs:
+        ratio = sum(x["cpu_seconds"] for _, x in recs) / sum(est(r) for r, _ in recs)
+        lines.append(f"[depth] the {len(recs)} finished runs took {ratio:.2f} × their estimate in CPU time")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _kappa_layers(rec: dict, which: str) -> list | None:
+    """Causal κ(J) per layer (mean over heads) at init (``which="init"``) or at the end of a record's run."""
+    ks = rec.get("kappa") or []
+    if not ks:
+        return None
+    m = ks[0] if which == "init" else ks[-1]
+    if which == "end" and m["step"] != rec["spec"]["steps"]:
+        return None
+    return [la["mean"] for la in m["layers"]]
+
+
+def load_runs(out: str, eval_name: str | None) -> dict:
+    """(n_layer, tokens per param, lr) -> label -> seed -> summary of a finished record: ``loss`` (compared),
+    ``ppl``, ``blimp`` (0-1 or None), ``kappa_init`` / ``kappa_end`` (causal, per layer), ``eval_curve``,
+    ``steps``."""
+    runs: dict = {}
+    for root, _, files in os.walk(os.path.join(out, "runs")):
+        for fn in sorted(files):
+            if not fn.endswith(".json"):
+                continue
+            with open(os.path.join(root, fn)) as f:
+                rec = json.load(f)
+            spec = rec["spec"]
+            loss = record_metric(rec, eval_name)
+            runs.setdefault((spec["n_layer"], spec["tokens_per_param"], spec["lr"]), {}).setdefault(
+                spec["extra"]["label"], {})[rec["seed"]] = dict(
+                loss=loss, ppl=math.exp(loss) if loss < 700 else math.inf, blimp=C.blimp_accuracy(rec),
+                kappa_init=_kappa_layers(rec, "init"), kappa_end=_kappa_layers(rec, "end"),
+                eval_curve=rec["eval_curve"], steps=spec["steps"], n=rec["n_params_non_embedding"],
+                cpu_seconds=rec.get("cpu_seconds"))
+    return runs
+
+
+def _ms(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return S._ms(xs) if xs else (None, None)
+
+
+def beyond_spread(gaps: list, a: list, d: list) -> bool | None:
+    """compare.py's criterion: |mean paired gap| > 2 × the pooled seed std of the two arms and every seed's gap of
+    one sign; None with fewer than 2 seeds."""
+    if len(gaps) < 2:
+        return None
+    sa, sd = _ms(a)[1] or 0.0, _ms(d)[1] or 0.0
+    m = statistics.fmean(gaps)
+    return abs(m) > 2 * math.sqrt((sa ** 2 + sd ** 2) / 2) and (all(g < 0 for g in gaps) or all(g > 0 for g in gaps))
+
+
+def analyse(runs: dict, p: DepthPlan, state: dict) -> dict:
+    """Per depth and arm (at its own best rate): the runs, the paired gaps to default at its own best rate (loss
+    and BLiMP), steps to default's final loss, κ per layer; the LR grid; the shared-rate comparisons."""
+    best = {a: state[a]["best"] for a in p.arms}
+    res: dict = dict(best_lr={a: b for a, b in best.items()}, depths={}, grid={}, shared_rate={})
+    for depth in p.depths:
+        cells = {a: runs.get((depth, p.main_tpp, best[a]), {}).get(a, {}) for a in p.arms if best[a] is not None}
+        dflt = cells.get("default", {})
+        target = _ms(r["eval_curve"][-1][1] for r in dflt.values())[0] if dflt else None
+        row = {}
+        for a, seeds in cells.items():
+            if not seeds:
+                continue
+            common = sorted(set(seeds) & set(dflt))
+            g_loss = [seeds[s]["loss"] - dflt[s]["loss"] for s in common]
+            g_blimp = [seeds[s]["blimp"] - dflt[s]["blimp"] for s in common
+                       if seeds[s]["blimp"] is not None and dflt[s]["blimp"] is not None]
+            cross = ([C.crossing_step(r["eval_curve"], target) for r in seeds.values()] if target is not None
+                     else [])
+            reached = [c for c in cross if c is not None]
+            k0 = [r["kappa_init"] for r in seeds.values() if r["kappa_init"]]
+            k1 = [r["kappa_end"] for r in seeds.values() if r["kappa_end"]]
+            row[a] = dict(
+                lr=best[a], seeds=sorted(seeds), ppl={s: r["ppl"] for s, r in sorted(seeds.items())},
+                loss={s: r["loss"] for s, r in sorted(seeds.items())},
+                blimp={s: r["blimp"] for s, r in sorted(seeds.items())}, steps=next(iter(seeds.values()))["steps"],
+                n=next(iter(seeds.values()))["n"],
+                gap_loss=dict(zip(common, g_loss)), gap_loss_ms=_ms(g_loss),
+                gap_blimp=g_blimp, gap_blimp_ms=_ms(g_blimp),
+                loss_beyond_spread=None if a == "default" else beyond_spread(
+                    g_loss, [seeds[s]["loss"] for s in common], [dflt[s]["loss"] for s in common]),
+                blimp_beyond_spread=None if a == "default" else beyond_spread(
+                    g_blimp, [seeds[s]["blimp"] for s in common if seeds[s]["blimp"] is not None],
+                    [dflt[s]["blimp"] for s in common if dflt[s]["blimp"] is not None]),
+                steps_to_default_final=cross, steps_to_default_final_mean=_ms(reached)[0], n_reached=len(reached),
+                kappa_init_layers=[statistics.fmean(x) for x in zip(*k0)] if k0 else None,
+                kappa_end_layers=[statistics.fmean(x) for x in zip(*k1)] if k1 else None)
+        if row:
+            res["depths"][depth] = row
+    for a in p.arms:
+        res["grid"][a] = dict(loss_by_lr={f"{lr:g}": v for lr, v in sorted(state[a]["loss"].items())},
+                              blimp_by_lr={f"{lr:g}": runs.get((p.grid_depth, p.grid_tpp, lr), {}).get(a, {})
+                                           .get(0, {}).get("blimp") for lr in sorted(state[a]["loss"])},
+                              best_lr=best[a], tried=[f"{x:g}" for x in state[a]["lrs"]],
+                              extended=len(state[a]["lrs"]) > len(p.grid_lrs), at_ladder_end=state[a]["at_ladder_end"])
+    # shared rate beside own rate: the grid (depth grid_depth, seed 0, grid_tpp)
+    d_own = state["default"]["loss"].get(best["default"]) if best["default"] else None
+    d_sh = state["default"]["loss"].get(p.shared_lr)
+    for a in p.arms:
+        if a == "default":
+            continue
+        own, sh = state[a]["loss"].get(best[a]) if best[a] else None, state[a]["loss"].get(p.shared_lr)
+        res["shared_rate"].setdefault(f"{p.grid_depth}x{p.width}, {p.grid_tpp:g} tok/param (grid, seed 0)", {})[a] = dict(
+            shared=None if sh is None or d_sh is None else sh - d_sh,
+            own=None if own is None or d_own is None else own - d_own)
+    return res
+
+
+def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> dict:
+    """The scale sweep's depth-2 runs (``p.shared_from``) beside this sweep's: at ``grid_tpp`` its LR sweep (gap at
+    the shared rate and at each arm's own best rate of that sweep, seeds 0-1); at ``main_tpp`` its shared-rate gap
+    (seeds 0-2) next to this sweep's depth-2 gap at each arm's own rate (``own``: :func:`analyse`'s depth row)."""
+    if not p.shared_from or not os.path.isdir(os.path.join(p.shared_from, "runs")):
+        return {}
+    cells = S.load_cells(p.shared_from, eval_name)
+    name = S.size_name(p.size(2))
+    out: dict = {}
+    lr_cells = {k[2]: v for k, v in cells.items() if k[0] == name and k[1] == p.grid_tpp}
+    if lr_cells:
+        means = {}
+        for a in p.arms:
+            common = set.intersection(*(set(c.get(a, {})) for c in lr_cells.values()))
+            means[a] = {lr: statistics.fmean(c[a][s]["loss"] for s in common) for lr, c in lr_cells.items() if common}
+        key = f"2x{p.width}, {p.grid_tpp:g} tok/param (scale sweep, seeds 0-1)"
+        for a in p.arms:
+            if a == "default" or not means.get(a) or not means.get("default"):
+                continue
+            ba, bd = min(means[a], key=means[a].get), min(means["default"], key=means["default"].get)
+            sh = S.paired_gaps(lr_cells.get(p.shared_lr, {}), a).values()
+            own_g = [lr_cells[ba][a][s]["loss"] - lr_cells[bd]["default"][s]["loss"]
+                     for s in sorted(set(lr_cells[ba][a]) & set(lr_cells[bd]["default"]))]
+            out.setdefault(key, {})[a] = dict(shared=_ms(sh)[0], own=_ms(own_g)[0], own_lr=ba, default_lr=bd)
+    main = cells.get((name, p.main_tpp, p.shared_lr))
+    if main:
+        key = f"2x{p.width}, {p.main_tpp:g} tok/param (shared: scale sweep, seeds 0-2; own: this sweep)"
+        for a in p.arms:
+            if a == "default":
+                continue
+            g = list(S.paired_gaps(main, a).values())
+            out.setdefault(key, {})[a] = dict(shared=_ms(g)[0], own=(own.get(a) or {}).get("gap_loss_ms", (None,))[0])
+    return out
+
+
+def _pts(x, sign=False):
+    return "–" if x is None else (f"{100 * x:+.2f}" if sign else f"{100 * x:.2f}")
+
+
+def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_planned: int, cpu: float) -> str:
+    f = S._f
+    metric = f"`{eval_name}`" if eval_name else "the internal held-out split"
+    lines = [f"Metric: loss / perplexity on {metric} at the end of each run; BLiMP accuracy (%, EOS prefix); "
+             "Δ = arm − default, both at their own best learning rate of the grid, paired by seed; mean ± std over "
+             "seeds. '–': not finished (or recorded without BLiMP).\n"]
+    lines.append(f"Learning-rate grid (depth {p.grid_depth} × {p.width}, {p.grid_tpp:g} tokens per parameter, seed 0; "
+                 f"loss on {metric}; BLiMP % in brackets):\n")
+    lrs = sorted({float(x) for g in res["grid"].values() for x in g["loss_by_lr"]})
+    lines.append("| arm | " + " | ".join(f"lr {x:g}" for x in lrs) + " | best lr |")
+    lines.append("|---|" + "---|" * (len(lrs) + 1))
+    for a, g in res["grid"].items():
+        cells = []
+        for x in lrs:
+            v = g["loss_by_lr"].get(f"{x:g}")
+            b = g["blimp_by_lr"].get(f"{x:g}")
+            cells.append("–" if v is None else f"{f(v)}" + (f" ({_pts(b)})" if b is not None else ""))
+        best = ("not decided (grid unfinished)" if g["best_lr"] is None else f"{g['best_lr']:g}"
+                + (" (edge of the ladder)" if g["at_ladder_end"] else "")
+                + (" (grid extended)" if g["extended"] else ""))
+        lines.append(f"| {a} | " + " | ".join(cells) + f" | {best} |")
+    lines.append("")
+    if res["shared_rate"]:
+        lines.append("Shared rate (3e-3) beside each arm's own best rate: Δ loss to default (default also at the "
+                     "shared / its own best rate):\n")
+        lines.append("| setting | arm | Δ at shared lr | Δ at own best lr |")
+        lines.append("|---|---|---|---|")
+        for key, arms in res["shared_rate"].items():
+            for a, v in arms.items():
+                lines.append(f"| {key} | {a} | {f(v['shared'], sign=True)} | {f(v['own'], sign=True)} |")
+        lines.append("")
+    lines.append(f"Across depth (width {p.width}, head dim {p.width // p.n_head}, {p.main_tpp:g} tokens per "
+                 "parameter, each arm at its own best rate):\n")
+    lines.append("| depth | non-emb. params | arm | lr | seeds | ppl per seed | Δ loss (mean ± std) | beyond spread "
+                 "| BLiMP % per seed | Δ BLiMP pts (mean ± std) | beyond spread | steps to default's final loss "
+                 "(of total) | κ init (mean over layers) | κ end |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    yn = {True: "yes", False: "no", None: "–"}
+    for depth, row in res["depths"].items():
+        for a in [x for x in p.arms if x in row]:
+            r = row[a]
+            gl, gb = r["gap_loss_ms"], r["gap_blimp_ms"]
+            st = r["steps_to_default_final_mean"]
+            k0 = r["kappa_init_layers"]
+            k1 = r["kappa_end_layers"]
+            lines.append(
+                f"| {depth} | {r['n']:,} | {a} | {r['lr']:g} | {len(r['seeds'])} | "
+                + " / ".join(f(x, 1) for x in r["ppl"].values()) + " | "
+                + ("–" if a == "default" else f"{f(gl[0], sign=True)} ± {f(gl[1])}") + f" | {yn[r['loss_beyond_spread']]} | "
+                + " / ".join(_pts(x) for x in r["blimp"].values()) + " | "
+                + ("–" if a == "default" or gb[0] is None else f"{_pts(gb[0], True)} ± {_pts(gb[1])}")
+                + f" | {yn[r['blimp_beyond_spread']]} | "
+                + ("not reached" if st is None else f"{st:.0f} ({r['n_reached']}/{len(r['seeds'])} seeds) of {r['steps']}")
+                + f" | {f(statistics.fmean(k0), 1) if k0 else '–'} | {f(statistics.fmean(k1), 1) if k1 else '–'} |")
+    lines.append("")
+    lines.append("κ(J) per layer (causal, mean over heads and seeds; init → end):\n")
+    lines.append("| depth | arm | κ per layer at init | κ per layer at the end |")
+    lines.append("|---|---|---|---|")
+    for depth, row in res["depths"].items():
+        for a in [x for x in p.arms if x in row]:
+            k0, k1 = row[a]["kappa_init_layers"], row[a]["kappa_end_layers"]
+            lines.append(f"| {depth} | {a} | " + (" / ".join(f(x, 1) for x in k0) if k0 else "–") + " | "
+                         + (" / ".join(f(x, 1) for x in k1) if k1 else "–") + " |")
+    lines.append("")
+    lines.append(f"{n_runs} finished runs of {n_planned} planned ({cpu:.0f} core-s = {cpu / 3600:.2f} core-h of CPU "
+                 "time). 'beyond spread': |mean paired Δ| > 2 × the pooled seed std and every seed of one sign.")
+    return "\n".join(lines) + "\n"
+
+
+def plots(res: dict, p: DepthPlan, out: str) -> list[str]:
+    """``gap_vs_depth.png`` (Δ loss and Δ BLiMP against depth per arm: each seed a dot, mean ± std a bar),
+    ``lr_curves.png`` (grid loss against learning rate per arm, best marked) and ``kappa_vs_depth.png`` (causal κ(J),
+    mean over layers and seeds, at init (dashed) and at the end (solid), against depth per arm)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    written = []
+    arms = [a for a in p.arms if a != "default"]
+
+    def save(fig, name):
+        path = os.path.join(out, name)
+        fig.savefig(path, dpi=110)
+        written.append(path)
+
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    for j, (key, ylabel, scale) in enumerate((("gap_loss", "Δ loss vs default (paired by seed)", 1.0),
+                                              ("gap_blimp", "Δ BLiMP accuracy vs default (points)", 100.0))):
+        ax = fig.add_subplot(1, 2, j + 1)
+        for i, a in enumerate(arms):
+            xs, ms, ss = [], [], []
+            for depth, row in res["depths"].items():
+                g = row.get(a, {}).get(key)
+                vals = list(g.values()) if isinstance(g, dict) else (g or [])
+                if not vals:
+                    continue
+                dx = depth * (1 + 0.03 * (i - len(arms) / 2))
+                ax.plot([dx] * len(vals), [scale * v for v in vals], ".", color=f"C{i}", alpha=0.5)
+                m, s = _ms(vals)
+                xs.append(dx), ms.append(scale * m), ss.append(scale * s)
+            if xs:
+                ax.errorbar(xs, ms, yerr=ss, fmt="o-", color=f"C{i}", capsize=3, label=a)
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(p.depths), [str(d) for d in p.depths])
+        ax.set(xlabel=f"depth (width {p.width}, {p.main_tpp:g} tokens/param, own best lr)", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    save(fig, "gap_vs_depth.png")
+
+    fig = Figure(figsize=(7, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for i, a in enumerate(p.arms):
+        g = res["grid"][a]
+        pts = sorted((float(x), v) for x, v in g["loss_by_lr"].items() if math.isfinite(v))
+        if pts:
+            ax.plot([x for x, _ in pts], [v for _, v in pts], "o-", color=f"C{i}", label=a)
+        if g["best_lr"] is not None and math.isfinite(g["loss_by_lr"][f"{g['best_lr']:g}"]):
+            ax.plot([g["best_lr"]], [g["loss_by_lr"][f"{g['best_lr']:g}"]], "*", ms=14, color=f"C{i}")
+    ax.set_xscale("log")
+    ax.set(xlabel="learning rate", ylabel="loss (WikiText-2 valid)",
+           title=f"LR grid: depth {p.grid_depth} × {p.width}, {p.grid_tpp:g} tokens/param, seed 0 (★ best)")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3, which="both")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    save(fig, "lr_curves.png")
+
+    fig = Figure(figsize=(7, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for i, a in enumerate(p.arms):
+        for key, ls, tag in (("kappa_init_layers", "--", "init"), ("kappa_end_layers", "-", "end")):
+            pts = [(d, statistics.fmean(row[a][key])) for d, row in res["depths"].items()
+                   if a in row and row[a][key]]
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], "o" + ls, color=f"C{i}", label=f"{a} ({tag})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(p.depths), [str(d) for d in p.depths])
+    ax.set(xlabel="depth", ylabel="κ(J), causal, mean over layers and seeds",
+           title="attention-Jacobian condition number at init (dashed) and at the end (solid)")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3, which="both")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncol=2)
+    save(fig, "kappa_vs_depth.png")
+    return written
+
+
+def report(out: str, p: DepthPlan, eval_name: str | None, copy_plots: str | None = None) -> dict:
+    if not os.path.isdir(os.path.join(out, "runs")):
+        fail(f"no finished runs under {os.path.join(out, 'runs')}; run without --report-only first")
+    if eval_name is None:  # --report-only without --eval-file: the file the runs were evaluated on
+        names = sorted({n for root, _, fs in os.walk(os.path.join(out, "runs")) for fn in fs if fn.endswith(".json")
+                        for n in json.load(open(os.path.join(root, fn))).get("eval_files", {})})
+        eval_name = names[0] if names else None
+    runs = load_runs(out, eval_name)
+    state = grid_state(out, p, eval_name)
+    res = analyse(runs, p, state)
+    res["shared_rate"].update(shared_rate_from_scale(p, eval_name, res["depths"].get(2, {})))
+    recs = [r for c in runs.values() for s in c.values() for r in s.values()]
+    cpu = sum(r["cpu_seconds"] or 0 for r in recs)
+    results = dict(metric=eval_name or "internal held-out split", n_runs=len(recs), cpu_seconds=cpu,
+                   plan=dict(width=p.width, n_head=p.n_head, depths=p.depths, seeds=p.seeds, main_tpp=p.main_tpp,
+                             grid_depth=p.grid_depth, grid_tpp=p.grid_tpp, grid_lrs=p.grid_lrs, ladder=p.ladder,
+                             shared_lr=p.shared_lr, arms=p.arms, dropped=p.dropped), **res)
+    C.write_json(os.path.join(out, "results.json"), results)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(markdown(res, p, eval_name, len(recs), len(plan(p, state, placeholder=True)), cpu))
+    written = plots(res, p, out)
+    if copy_plots:
+        import shutil
+
+        os.makedirs(copy_plots, exist_ok=True)
+        for path in written:
+            shutil.copy(path, os.path.join(copy_plots, "depth_" + os.path.basename(path)))
+    results["plots"] = written
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _locked(path: str) -> bool:
+    """Whether a live worker holds the run recorded in ``path``."""
+    try:
+        pid = int(open(path + ".lock").read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    return bool(pid) and C._pid_alive(pid)
+
+
+def run(args) -> dict:
+    """``compare.py --depth-sweep`` (after ``_scale.check_fixed`` and compare.py's checks): estimate, then train
+    what is decided and unfinished, re-planning after every pass (the grid decides each arm's rate), report."""
+    p = QUICK if args.quick else FULL
+    out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "depth_quick" if args.quick else "depth")
+    eval_files = args.eval_file or [S.WIKI_VALID]
+    eval_name = os.path.basename(os.path.normpath(eval_files[0]))
+    if args.report_only:
+        return report(out, p, eval_name if args.eval_file else None, args.copy_plots)
+    os.makedirs(out, exist_ok=True)
+    if not os.path.exists(os.path.join(out, ".gitignore")):
+        with open(os.path.join(out, ".gitignore"), "w") as f:
+            f.write(S.GITIGNORE.replace("--scale-sweep", "--depth-sweep"))
+    C.set_threads(args.threads)
+    C.quiet_transformers()
+    blimp = C.blimp_dir_for(args, "depth")
+    try:
+        data = C.prepare_data(C.resolve_data_paths(args.data), vocab_size=p.vocab_size, block_size=p.block_size,
+                              max_bytes=args.max_bytes or p.max_bytes, cache_dir=os.path.join(out, "cache"))
+        eval_sets, eval_info = {}, {}
+        for path in eval_files:
+            name = os.path.basename(os.path.normpath(path))
+            eval_sets[name], eval_info[name] = C.prepare_eval_file(path, data)
+    except ValueError as err:
+        fail(str(err))
+    state = grid_state(out, p, eval_name)
+    full = plan(p, state, placeholder=True)
+    done = [r for r in full if _finished_record(out, r) is not None]
+    costs = S.load_costs(out, p, p.sizes + list(p.dropped))
+    for line in estimate_lines(p, out, full, done, costs, sum(i["evaluated_tokens"] for i in eval_info.values()),
+                               blimp_tokens(data.tokenizer, blimp)):
+        print(line, file=sys.stderr)
+    print(f"[depth] training data: {data.info['train_tokens']:,} tokens; output {out}; BLiMP: {blimp or 'off'}",
+          file=sys.stderr)
+    paths = lambda r: S.record_paths(out, r)  # noqa: E731
+    while True:
+        state = grid_state(out, p, eval_name)
+        runs = plan(p, state)
+        C.add_missing_blimp([paths(r) for r in runs if _finished_record(out, r) is not None], data.tokenizer, blimp,
+                            "depth")
+        todo = [r for r in runs if _finished_record(out, r) is None and not _locked(paths(r)[0])]
+        if todo:
+            C.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
+            continue
+        undecided = [a for a in p.arms if state[a]["best"] is None]
+        if not undecided:
+            break
+        print(f"[depth] waiting for another worker's grid runs ({', '.join(undecided)}); polling every "
+              f"{POLL_SECONDS} s", file=sys.stderr)
+        time.sleep(POLL_SECONDS)
+    left = [r for r in plan(p, grid_state(out, p, eval_name)) if _finished_record(out, r) is None]
+    if left:
+        print(f"[depth] {len(left)} runs are being done by another worker; run --report-only when they are finished",
+              file=sys.stderr)
+    if args.no_report:
+        return {}
+    return report(out, p, eval_name, args.copy_plots)
