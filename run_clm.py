@@ -25,9 +25,10 @@ Defaults: unless given on the command line (or in the ``.json`` argument file), 
 apply (AdamW β=(0.9, 0.95), weight decay 0.1 with biases/norms/``condinit_`` holders exempt, cosine decay, 5 %
 warmup, gradient clipping 1.0, lr 3e-4); see ``hf_condinit.scripts_common``. With neither ``--do_train`` nor
 ``--do_eval``, both run. Results: ``<output_dir>/eval_results.json`` (``eval_loss``, ``perplexity`` = exp(eval loss),
-and ``recall_accuracy`` on the synthetic task), ``train_results.json``, ``all_results.json``. Without
-``--output_dir`` each arm gets its own folder (``runs/clm-synthetic-conditioned-sdpa``, ...); an ``--output_dir``
-holding an unfinished run resumes from its last checkpoint, one holding a finished run is refused
+``recall_accuracy`` on the synthetic task, and with ``--blimp_dir DIR`` the zero-shot ``blimp_accuracy`` overall,
+``blimp_field_accuracy`` and ``blimp_paradigm_accuracy``: ``hf_condinit.zero_shot``), ``train_results.json``,
+``all_results.json``. Without ``--output_dir`` each arm gets its own folder (``runs/clm-synthetic-conditioned-sdpa``,
+...); an ``--output_dir`` holding an unfinished run resumes from its last checkpoint, one holding a finished run is refused
 (``hf_condinit.scripts_common.find_last_checkpoint``). User errors print one line and exit 2.
 """
 
@@ -63,6 +64,7 @@ from hf_condinit.data import (
     tokenize_datasets,
     train_bpe_tokenizer,
 )
+from hf_condinit.evaluation.minimal_pairs import load_minimal_pairs
 from hf_condinit.scripts_common import (
     LM_TRAINING_DEFAULTS,
     CondInitArguments,
@@ -84,6 +86,7 @@ from hf_condinit.scripts_common import (
     user_errors,
     with_causal_loss_type,
 )
+from hf_condinit.zero_shot import record_blimp
 
 logger = logging.getLogger("run_clm")
 
@@ -177,6 +180,17 @@ class DataTrainingArguments:
     mqar_queries: int = field(default=8, metadata={"help": "Synthetic run: queries per sequence."})
     mqar_keys: int = field(default=32, metadata={"help": "Synthetic run: key vocabulary size."})
     mqar_values: int = field(default=32, metadata={"help": "Synthetic run: value vocabulary size."})
+    blimp_dir: str | None = field(
+        default=None,
+        metadata={"help": "At the end of the run, zero-shot BLiMP accuracy on this folder of BLiMP *.jsonl files "
+                  "(e.g. ../shared/data/blimp): overall, per field and per paradigm, written to eval_results.json and "
+                  "the model card (hf_condinit.zero_shot)."},
+    )
+    blimp_prefix: str = field(
+        default="eos",
+        metadata={"help": "Token put before every BLiMP sentence (none: the first token is not scored).",
+                  "choices": ["eos", "bos", "none"]},
+    )
 
     @property
     def synthetic(self) -> bool:
@@ -397,6 +411,11 @@ def main(argv=None):
         if data_args.dataset_name and data_args.train_file:
             raise ValueError("pass either --dataset_name or --train_file, not both")
         resume = find_last_checkpoint(training_args, logger)
+        blimp_pairs = None
+        if data_args.blimp_dir:
+            if synthetic:
+                raise UsageError("--blimp_dir scores English sentences: train on text (--train_file or --dataset_name).")
+            blimp_pairs = load_minimal_pairs(data_args.blimp_dir)
 
     logger.info(
         f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: {training_args.n_gpu}, "
@@ -452,9 +471,12 @@ def main(argv=None):
         results.update(train_and_save(trainer, train_dataset, resume, block_size))
     if training_args.do_eval:
         results.update(evaluate_with_perplexity(trainer, eval_dataset))
+    if blimp_pairs is not None:
+        results.update(record_blimp(trainer, tokenizer, blimp_pairs, prefix=data_args.blimp_prefix))
     if trainer.is_world_process_zero():
         summary = {k: results[k] for k in ("eval_loss", "perplexity", "eval_recall_accuracy", "train_loss",
-                                            "train_runtime", "train_tokens_per_second") if k in results}
+                                            "train_runtime", "train_tokens_per_second", "blimp_accuracy")
+                   if k in results}
         arm = f"from {loaded}" if loaded else condinit["method"]
         print(f"run_clm result ({arm}, {model.config._attn_implementation}) -> {training_args.output_dir}: "
               + json.dumps(summary))

@@ -13,7 +13,9 @@ Table columns (:func:`compare_table`): the arm (folder name), its init recipe (`
 attention), the final value of the evaluation metric (``eval_loss`` for LM runs, the task metric otherwise, or
 ``--metric``), the first evaluated step at which the run is at least as good as the best *other* run's final value
 ("not reached" when it never is), κ(J) at the first and last measurement (``kappa/mean``: mean over layers of the
-mean over heads; "—" without ``--log_condition_number_every``) and training tokens/s.
+mean over heads; "—" without ``--log_condition_number_every``), training tokens/s and, when some run has it, the
+zero-shot BLiMP accuracy (``blimp_accuracy`` of ``eval_results.json``: ``run_clm.py --blimp_dir`` or
+``python -m hf_condinit.zero_shot RUN_DIR --blimp_dir DIR --save``).
 
 Figures: ``compare_eval.png`` (the metric vs step, every run) and ``compare_kappa.png`` (κ vs step, log scale; only
 when some run logged κ).
@@ -75,6 +77,10 @@ def _final_value(run: RunSummary, metric: str) -> float | None:
     return values[-1] if values else None
 
 
+def _float_or_none(value) -> float | None:
+    return None if value is None else float(value)
+
+
 def _recipe(item: Union[RunSummary, RunGroup]) -> str:
     """The run's recipe; a group's without the seed (its runs differ in it)."""
     if isinstance(item, RunSummary):
@@ -106,6 +112,7 @@ def _arm_stats(item: Union[RunSummary, RunGroup], metric: str | None) -> dict:
         "kappa_start_step": runs[0].kappa[0].step if runs and runs[0].kappa else None,
         "kappa_end_step": runs[0].kappa[-1].step if runs and runs[0].kappa else None,
         "tokens_per_second": mean([r.tokens_per_second for r in runs]),
+        "blimp_accuracy": mean([_float_or_none(r.final_metrics.get("blimp_accuracy")) for r in runs]),
         "global_step": runs[0].global_step if runs else None,
     }
 
@@ -114,8 +121,9 @@ def compare_table(runs: Sequence[Union[RunSummary, RunGroup]], metric: str | Non
     """One row per run (or group of seeds) with the keys ``arm``, ``recipe``, ``metric``, ``final``, ``target``
     (the best final value among the other rows), ``steps_to_target`` (:func:`steps_to_reach` on the row's eval
     curve; ``None`` when not reached or with a single row), ``kappa_start``, ``kappa_end`` (κ at the first / last
-    measurement, ``None`` when not logged), ``kappa_start_step``, ``kappa_end_step``, ``tokens_per_second`` and
-    ``global_step``. A group's values are the means over its runs (geometric for κ).
+    measurement, ``None`` when not logged), ``kappa_start_step``, ``kappa_end_step``, ``tokens_per_second``,
+    ``blimp_accuracy`` (``None`` when not evaluated) and ``global_step``. A group's values are the means over its
+    runs (geometric for κ).
 
     ``metric`` defaults to :func:`hf_condinit.reporting.plots.common_metric` of all the runs."""
     flat = [r for item in runs for r in (item.runs if isinstance(item, RunGroup) else [item])]
@@ -146,7 +154,10 @@ def format_table(rows: Sequence[dict]) -> str:
     metric = next((r["metric"] for r in rows if r.get("metric")), None) or "metric"
     header = ["arm", "init recipe", f"final {metric}", "steps to best other's final", "κ first (@step)",
               "κ last (@step)", "tokens/s"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 5) + "|"]
+    blimp = any(r.get("blimp_accuracy") is not None for r in rows)
+    if blimp:
+        header.append("BLiMP acc")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
     for r in rows:
         if r.get("steps_to_target") is not None:
             steps = f"{r['steps_to_target']} (target {_fmt(r['target'])})"
@@ -156,6 +167,8 @@ def format_table(rows: Sequence[dict]) -> str:
                  for k in ("kappa_start", "kappa_end")]
         tps = r.get("tokens_per_second")
         cells = [r["arm"], r["recipe"], _fmt(r.get("final")), steps, *kappa, "—" if tps is None else f"{tps:,.0f}"]
+        if blimp:
+            cells.append(_fmt(r.get("blimp_accuracy")))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -9,8 +9,10 @@ versions). :func:`write_model_card` adds, in place of HF's "More information nee
 - *Training and evaluation data*: the data flags of the command line that launched the script (when it is a
   ``run_*.py`` script), the dataset builder / name and the split sizes;
 - after the results: the final metrics (every entry logged from the end of training on, so the evaluations that
-  follow ``trainer.train`` are included), κ(J) at the first and last measurement (``condition_number.jsonl``) and the
-  figures, linked by relative path (``loss.png``, ``kappa.png``), when they exist.
+  follow ``trainer.train`` are included), the zero-shot BLiMP accuracy (overall, per field, per paradigm; from
+  ``eval_results.json``, written by ``run_clm.py --blimp_dir`` / ``hf_condinit.zero_shot``), κ(J) at the first and
+  last measurement (``condition_number.jsonl``) and the figures, linked by relative path (``loss.png``,
+  ``kappa.png``), when they exist.
 
 Tags ``hf_condinit`` and ``hf_condinit-<method>`` join HF's ``generated_from_trainer``. The card is parsed with
 ``huggingface_hub.ModelCard`` before it is written (so its YAML is valid) and loads with ``ModelCard.load``.
@@ -29,7 +31,7 @@ import shlex
 import sys
 from typing import Any
 
-from .runs import read_kappa_records, recipe_summary
+from .runs import read_json, read_kappa_records, recipe_summary
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +190,28 @@ def _kappa_section(records) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _percent(v) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f} %"
+
+
+def _blimp_section(results: dict) -> str:
+    """The BLiMP accuracies of ``eval_results.json`` (:func:`hf_condinit.zero_shot.evaluate_blimp`'s keys): overall
+    and per field in a table, per paradigm in a collapsed list. ``""`` without ``blimp_accuracy``."""
+    if "blimp_accuracy" not in results:
+        return ""
+    lines = [f"\n## Zero-shot BLiMP\n\n{results.get('blimp_n_pairs', '?')} minimal pairs; a pair is right when the "
+             f"grammatical sentence has the higher total log-probability (prefix token: "
+             f"`{results.get('blimp_prefix', '?')}`; chance 50 %; `hf_condinit.zero_shot`).\n",
+             "| BLiMP | accuracy |", "|---|---:|", f"| all | {_percent(results['blimp_accuracy'])} |"]
+    lines += [f"| {field} | {_percent(acc)} |" for field, acc in (results.get("blimp_field_accuracy") or {}).items()]
+    paradigms = results.get("blimp_paradigm_accuracy") or {}
+    if paradigms:
+        lines += ["", "<details><summary>per paradigm</summary>", "", "| paradigm | accuracy |", "|---|---:|"]
+        lines += [f"| {p} | {_percent(acc)} |" for p, acc in paradigms.items()]
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
 def build_model_card(trainer, *, output_dir: str | None = None, argv: list[str] | None = None) -> str:
     """The card text (YAML metadata + Markdown) for ``trainer``'s run; see the module docstring."""
     from huggingface_hub import ModelCard
@@ -224,10 +248,13 @@ def build_model_card(trainer, *, output_dir: str | None = None, argv: list[str] 
     command = script_command(argv)
     if command:
         extra.append(f"\n## Command\n\n```bash\n{command}\n```\n")
-    metrics = final_metrics_from_log(trainer.state.log_history)
+    metrics = {k: v for k, v in final_metrics_from_log(trainer.state.log_history).items()
+               if not k.startswith("blimp_")}  # BLiMP has its own section
     if metrics:
         extra.append("\n## Final metrics\n\n| metric | value |\n|---|---:|\n"
                      + "".join(f"| {k} | {_fmt(v)} |\n" for k, v in sorted(metrics.items())))
+    eval_results = read_json(os.path.join(output_dir, "eval_results.json"))
+    extra.append(_blimp_section(eval_results if isinstance(eval_results, dict) else {}))
     records = read_kappa_records(os.path.join(output_dir, "condition_number.jsonl"))
     if records:
         extra.append(_kappa_section(records))
