@@ -31,11 +31,13 @@ __all__ = [
 ]
 
 # Dense (no sparsity) bf16 tensor-core peak in TFLOP/s, matched as a substring of the device name, first match wins.
-# Only the SXM parts are listed for H100: "H100 PCIe" / "H100 NVL" have lower clocks and stay unknown.
+# Only the SXM parts are listed for H100: "H100 PCIe" / "H100 NVL" have lower clocks and stay unknown. "H200 NVL"
+# (PCIe card, 600 W) is 835 dense (NVIDIA: 1,671 with sparsity) and must come before "H200" (SXM, 989).
 PEAK_BF16_TFLOPS: tuple[tuple[str, float | None], ...] = (
     ("H100 PCIe", None),
     ("H100 NVL", None),
     ("H100", 989.0),
+    ("H200 NVL", 835.0),
     ("H200", 989.0),
     ("A100", 312.0),
 )

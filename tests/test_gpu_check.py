@@ -1,9 +1,13 @@
-"""benchmarks/gpu_check.py: the smoke mode end to end (every part on CPU, tiny shapes), the per-part time cap, and
-the user errors. The full mode needs a GPU; this keeps its code paths from rotting on CPU-only machines."""
+"""benchmarks/gpu_check.py: the smoke mode end to end (every part on CPU, tiny shapes, with deepspeed, datasets and
+evaluate made unimportable as on the GPU machine), one failure costing one row in parts c / d / e, the per-tensor
+judgement of part b (a NaN in one gradient, a gradient off by 2 in bf16), the time cap, the report and flushing,
+and the user errors. The full mode needs a GPU; this keeps its code paths from rotting on CPU-only machines."""
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,45 +19,237 @@ import torch
 from utils import REPO, load_script
 
 gpu_check = load_script("benchmarks/gpu_check.py", "gpu_check")
+from _gpu_check import PARTS, correctness, init_cost, judge, report, runner, speed, training  # noqa: E402
+
+BLOCKED = ("deepspeed", "datasets", "evaluate")  # absent on the GPU machine (issue 23)
+CPU = torch.device("cpu")
 
 
-def test_smoke_run_writes_every_part(tmp_path):
-    out = tmp_path / "out"
+def _run_blocked(code: str, cwd, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -c code`` with ``BLOCKED`` unimportable (``sys.modules[name] = None``: ``import`` raises, and
+    ``importlib.util.find_spec`` answers None, so transformers sees them as not installed), forks included."""
+    prelude = f"import sys\nfor _m in {BLOCKED!r}:\n    sys.modules[_m] = None\n"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    env.pop("PYTHONUNBUFFERED", None)  # as on the GPU machine: stdout to a pipe is block-buffered
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=cwd)
+
+
+def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_path):
+    out = tmp_path / "out"
+    code = ("import runpy\n"
+            f"sys.argv = ['gpu_check.py', '--smoke', '--out', {str(out)!r}]\n"
+            f"runpy.run_path({str(REPO / 'benchmarks' / 'gpu_check.py')!r}, run_name='__main__')\n")
+    proc = _run_blocked(code, cwd=tmp_path)
     result = json.loads((out / "gpu_check.json").read_text())
     md = (out / "gpu_check.md").read_text()
+    files = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+    assert len(files) <= 8 and sorted(os.path.basename(f) for f in files) == [
+        "gpu_check.json", "gpu_check.md", "rows.jsonl", "status.json"]  # the device tool brings back ≤ 8 files
     assert result["settings"]["smoke"] is True
     assert "SMOKE RUN" in md and "not GPU results" in md
     parts = result["parts"]
-    assert list(parts) == list(gpu_check.PARTS)
+    assert list(parts) == list(PARTS)
     for name, part in parts.items():
-        assert part["state"] == "done", (name, part)
+        assert part["state"] == "done", (name, part, proc.stderr[-3000:])
         assert part["rows"] and not any("error" in r for r in part["rows"] if r.get("kind") != "case"), name
     a = {r["kind"] for r in parts["a"]["rows"]}
     assert a == {"env", "sdpa_backend", "matmul"}
-    assert next(r for r in parts["a"]["rows"] if r["kind"] == "env")["peak_bf16_tflops"] is None  # CPU: unknown
+    env = next(r for r in parts["a"]["rows"] if r["kind"] == "env")
+    assert env["peak_bf16_tflops"] is None  # CPU: peak unknown
+    matmul = next(r for r in parts["a"]["rows"] if r["kind"] == "matmul")
+    assert matmul["warmups"] >= 10 and matmul["reps"] >= 100
     cases = [r for r in parts["b"]["rows"] if r["kind"] == "case"]
-    failed = [(r["case"], r["dtype"], r.get("error")) for r in cases if not r["passed"]]
-    assert not failed
     names = " ".join(r["case"] for r in cases)
     for needle in ("affine_scaled fast", "attention_sink fast", "preconditioned fast", "KV-cache", "spectral",
                    "conditioned init", "mimetic init", "torch.device('meta')"):
         assert needle in names
     assert {r["dtype"] for r in cases} == {"fp32", "bf16"}
-    speed = [r for r in parts["c"]["rows"] if r["kind"] == "speed"]
-    assert {r["impl"] for r in speed} == set(gpu_check.SPEED_IMPLS)
-    assert all(r["throughput_vs_sdpa"] == 1.0 for r in speed if r["impl"] == "sdpa")
-    train = [r for r in parts["d"]["rows"] if r["kind"] == "train"]
-    assert [r["arm"] for r in train] == [arm[0] for arm in gpu_check.TRAIN_ARMS]
-    for r in train:
+    assert all("error" not in r for r in cases)
+    train = [r for r in cases if "train" in r["case"]]
+    assert all(r["out_rel_err"] is not None and r["worst_tensor"] and r["n_tensors"] > 10 for r in train)
+    # Known and reported (issue 23's report): in bf16 the affine_scaled fast path's W_a gradient is ~20× less
+    # accurate than the reference's (SDPA's bf16 output minus the mean of V, which nearly cancel at init). That is
+    # the only failure allowed here; the exit status says a case failed.
+    failed = [r for r in cases if not r["passed"]]
+    assert all(r["dtype"] == "bf16" and r["case"].startswith("affine_scaled fast")
+               and "condinit_affine" in r["worst_tensor"] for r in failed), failed
+    assert proc.returncode == (1 if failed else 0), proc.stderr[-3000:]
+    assert "output rel err" in md
+    kernels = [r for r in parts["c"]["rows"] if r["kind"] == "kernels"]
+    assert {r["impl"] for r in kernels} == set(speed.SPEED_IMPLS)
+    assert next(r for r in kernels if r["impl"] == "eager")["ran"] == ["none (no SDPA call)"]
+    assert all(r["ran"] and "other" not in r["ran"] and "fused (no math)" in r["runs_on"] for r in kernels)
+    assert next(r for r in kernels if r["impl"] == "sdpa")["runs_on"]["fused (no math)"]  # CPU flash kernel
+    speed_rows = [r for r in parts["c"]["rows"] if r["kind"] == "speed"]
+    assert {r["impl"] for r in speed_rows} == set(speed.SPEED_IMPLS)
+    assert all(r["throughput_vs_sdpa"] == 1.0 for r in speed_rows if r["impl"] == "sdpa")
+    train_rows = [r for r in parts["d"]["rows"] if r["kind"] == "train"]
+    assert [r["arm"] for r in train_rows] == [arm[0] for arm in training.TRAIN_ARMS]
+    for r in train_rows:
         assert r["tokens_per_s"] > 0 and r["measured_steps"] == 2 and r["mfu"] is None  # no peak on CPU
+    assert train_rows[-1]["estimate"]["seconds"] > 0 and train_rows[-1]["estimate"]["flop_ratio"] > 1
     e = parts["e"]["rows"]
+    assert [r["method"] for r in e if r["kind"] == "warmup"] == list(init_cost.METHODS)
     assert {(r["size"], r["method"]) for r in e if r["kind"] == "build"} == {
-        (s, m) for s in ("472m", "1.72b") for m in ("default", "conditioned")}
+        (s, m) for s in ("472m", "1.72b") for m in init_cost.METHODS}
     assert sum(r["kind"] == "mimetic" for r in e) == 2
+
+
+# --- one failure costs one row -----------------------------------------------------------------------------------
+
+
+def _rows():
+    rows = []
+    return rows, lambda **row: rows.append(row) or row
+
+
+SMOKE_CTX = dict(smoke=True, device="cpu", threads=1)
+
+
+def test_a_failing_implementation_of_part_c_leaves_the_others_rows(monkeypatch):
+    import attention_speed
+
+    real = attention_speed.build
+
+    def build(impl, seq, args):
+        if impl == "attention_sink":
+            raise RuntimeError("CUDA out of memory (planted)")
+        return real(impl, seq, args)
+
+    monkeypatch.setattr(attention_speed, "build", build)
+    rows, record = _rows()
+    speed.part_c(SMOKE_CTX, record)
+    for kind in ("kernels", "speed"):
+        ok = {r["impl"] for r in rows if r["kind"] == kind and "error" not in r}
+        bad = [r for r in rows if r["kind"] == kind and "error" in r]
+        assert ok == set(speed.SPEED_IMPLS) - {"attention_sink"}, kind
+        assert [r["impl"] for r in bad] == ["attention_sink"] and "planted" in bad[0]["error"]
+    assert "**speed attention_sink 32 failed**" in "\n".join(report._render_c(rows))
+
+
+def test_a_failing_arm_of_part_d_leaves_the_others_rows(monkeypatch):
+    real = training.train_arm
+
+    def train_arm(torch_, label, *args, **kwargs):
+        if label == "472M affine_scaled":
+            raise RuntimeError("CUDA out of memory (planted)")
+        return real(torch_, label, *args, **kwargs)
+
+    monkeypatch.setattr(training, "train_arm", train_arm)
+    rows, record = _rows()
+    training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 300}, record)
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["arm"] for r in train] == [arm[0] for arm in training.TRAIN_ARMS]
+    assert [r["arm"] for r in train if "error" in r] == ["472M affine_scaled"]
+    assert all(r["tokens_per_s"] > 0 for r in train if "error" not in r)
+    assert "**failed**" in "\n".join(report._render_d(rows))
+
+
+def test_a_failing_build_of_part_e_leaves_the_others_rows(monkeypatch):
+    real = init_cost._build
+
+    def build(torch_, config, method, device):
+        if method == "conditioned" and config.n_embd == 64:  # the (smoke) 472M conditioned builds
+            raise RuntimeError("cusolver error (planted)")
+        return real(torch_, config, method, device)
+
+    monkeypatch.setattr(init_cost, "_build", build)
+    rows, record = _rows()
+    init_cost.part_e(SMOKE_CTX, record)
+    failed = {(r["kind"], r["size"], r["method"]) for r in rows if "error" in r}
+    assert failed == {("warmup", "472m", "conditioned"), ("build", "472m", "conditioned")}
+    built = {(r["size"], r["method"]) for r in rows if r["kind"] == "build" and "error" not in r}
+    assert built == {("472m", "default"), ("1.72b", "default"), ("1.72b", "conditioned")}
+    assert sum(r["kind"] == "mimetic" for r in rows) == 2
+
+
+# --- part b: each tensor judged, NaN never passes ------------------------------------------------------------------
+
+
+def test_judge_fails_a_nan_anywhere_and_names_it():
+    t = [torch.ones(3), torch.ones(2)]
+    bad = [torch.ones(3), torch.tensor([1.0, float("nan")])]
+    verdict = judge.compare(["output", "w"], bad, t, "fp32")  # Python's max() over [fine, NaN] would pass this
+    assert not verdict["passed"] and verdict["non_finite"] == ["w (fast path)"]
+    assert judge.compare(["output", "w"], t, t, "fp32")["passed"]
+    verdict = judge.compare(["output", "w"], t, t, "bf16", ref=bad)
+    assert not verdict["passed"] and verdict["non_finite"] == ["w (bf16 reference)"]
+    inf = judge.compare(["output", "w"], [torch.ones(3), torch.tensor([1.0, math.inf])], t, "fp32")
+    assert not inf["passed"] and inf["worst_tensor"] == "w"
+
+
+def test_judge_zero_by_construction_uses_the_case_scale():
+    truth = [torch.full((3,), 100.0), torch.full((2,), 1e-12)]
+    noise = [truth[0], torch.full((2,), 3e-12)]  # rounding noise of a gradient that is 0 in exact arithmetic
+    verdict = judge.compare(["output", "key.bias"], noise, truth, "fp32")
+    assert verdict["passed"] and verdict["zero_by_construction"] == ["key.bias"]
+    wrong = [truth[0], torch.full((2,), 0.5)]
+    assert not judge.compare(["output", "key.bias"], wrong, truth, "fp32")["passed"]
+
+
+def _nan_grad(name):
+    def perturb(model):
+        dict(model.named_parameters())[name].register_hook(lambda g: g * float("nan"))
+    return perturb
+
+
+def _scaled_grad(fragment, factor=2.0):
+    def perturb(model):
+        for name, p in model.named_parameters():
+            if fragment in name:
+                p.register_hook(lambda g: g * factor)
+    return perturb
+
+
+@pytest.fixture(scope="module")
+def references():
+    from hf_condinit.attention.reference import register_references
+
+    torch.set_num_threads(1)
+    register_references()
+
+
+def test_nan_planted_in_one_gradient_fails_its_case(references):
+    args = (torch, "gpt2", "attention_sink", "fp32", True, CPU, True)
+    assert correctness.train_case(*args)["passed"]
+    verdict = correctness.train_case(*args, perturb=_nan_grad("transformer.h.0.mlp.c_fc.weight"))
+    assert not verdict["passed"]
+    assert verdict["non_finite"] == ["transformer.h.0.mlp.c_fc.weight (fast path)"]
+
+
+def test_sink_gradient_off_by_two_fails_in_bf16(references):
+    args = (torch, "gpt2", "attention_sink", "bf16", True, CPU, True)
+    assert correctness.train_case(*args)["passed"]
+    verdict = correctness.train_case(*args, perturb=_scaled_grad("condinit_sink"))
+    assert not verdict["passed"] and "condinit_sink" in verdict["worst_tensor"]
+
+
+def test_wa_gradient_off_by_two_fails_in_bf16(references):
+    """W_a's gradient is ~1e-4 of the case's largest: the old single ratio over all tensors passed a factor 2 in
+    bf16. The stand-in fast path is the naive reference itself run in bf16 (the real fast path's W_a gradient fails
+    in bf16 on its own, see the smoke test), with its W_a gradient doubled."""
+    model = correctness.build_family(torch, "gpt2", "affine_scaled", torch.float32, CPU, tiny=True)
+    from hf_condinit.attention.reference import randomise_holders
+
+    randomise_holders(model)
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    start = copy.deepcopy(low.state_dict())
+    ids, mask = correctness.make_inputs(torch, model, True, CPU)
+    names, truth = correctness.forward_backward(torch, model, "affine_scaled_reference", ids, mask)
+    _, ref = correctness.forward_backward(torch, low, "affine_scaled_reference", ids, mask)
+    assert judge.compare(names, ref, truth, "bf16", ref)["passed"]
+    low.load_state_dict(start)
+    _scaled_grad("condinit_affine")(low)
+    _, doubled = correctness.forward_backward(torch, low, "affine_scaled_reference", ids, mask)
+    verdict = judge.compare(names, doubled, truth, "bf16", ref)
+    assert not verdict["passed"] and "condinit_affine" in verdict["worst_tensor"]
+    old_single_ratio = max((a.float() - b.float()).abs().max().item() for a, b in zip(doubled, truth)) / max(
+        b.float().abs().max().item() for b in truth)
+    assert old_single_ratio < 1e-2  # what the previous check computed: it would have passed
+
+
+# --- orchestration, report, flushing -------------------------------------------------------------------------------
 
 
 def _slow_part(ctx, record):
@@ -67,16 +263,44 @@ def _quick_part(ctx, record):
 
 def test_cap_kills_a_slow_part_and_the_next_one_runs(tmp_path):
     out = str(tmp_path)
-    os.makedirs(os.path.join(out, "parts"))
-    with open(os.path.join(out, "status.json"), "w") as f:
-        json.dump({"settings": {"smoke": True, "parts": ["a", "b"]}}, f)
+    runner.write_settings(out, {"smoke": True, "parts": ["a", "b"]})
     t0 = time.perf_counter()
-    result = gpu_check.orchestrate(out, [("a", _slow_part), ("b", _quick_part)], {"a": 2, "b": 30}, {})
+    result = runner.orchestrate(out, [("a", _slow_part), ("b", _quick_part)], {"a": 2, "b": 30}, {})
     assert time.perf_counter() - t0 < 30
     assert result["parts"]["a"]["state"] == "timeout"
     assert [r["value"] for r in result["parts"]["a"]["rows"]] == [1]  # measured before the kill: kept
     assert result["parts"]["b"]["state"] == "done"
     assert "Killed at its time cap" in open(os.path.join(out, "gpu_check.md")).read()
+
+
+def test_a_rendering_error_neither_stops_the_part_nor_hides_the_others(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    runner.write_settings(out, {"smoke": True, "parts": ["a", "c"]})
+
+    def broken(rows):
+        raise KeyError("tokens_per_s")
+
+    monkeypatch.setitem(report.RENDER, "c", broken)
+    runner.Recorder(out, "a")(kind="matmul", n=2, dtype="x", tflops=1.0, reps=100, warmups=10, clock="c")
+    runner.Recorder(out, "c")(kind="speed", impl="sdpa")
+    md = open(os.path.join(out, "gpu_check.md")).read()
+    assert "Rendering this part failed (KeyError" in md and "Measured 2×2 matmul" in md
+    monkeypatch.setattr(runner, "write_report", lambda out: 1 / 0)
+    runner.Recorder(out, "c")(kind="speed", impl="eager")  # the report cannot be written: the row still is
+    assert [r["impl"] for r in runner.read_rows(out) if r["part"] == "c"] == ["sdpa", "eager"]
+
+
+def test_children_flush_buffered_output_before_exiting(tmp_path):
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(REPO / 'benchmarks')!r})\n"
+            "from _gpu_check import runner\n"
+            "def part(ctx, record):\n"
+            "    print('buffered line of the child', end='')\n"  # stdout is a pipe: block-buffered
+            f"runner.write_settings({str(tmp_path)!r}, {{'parts': ['a']}})\n"
+            f"runner.orchestrate({str(tmp_path)!r}, [('a', part)], {{'a': 60}}, {{}})\n")
+    proc = _run_blocked(code, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "buffered line of the child" in proc.stdout
 
 
 def test_user_errors(tmp_path, capsys):

@@ -46,6 +46,7 @@ def test_matmul_parameters_counts_tied_head_once_and_skips_lookups():
 
 def test_peak_table():
     assert perf.peak_bf16_flops_for_name("NVIDIA H200") == 989e12
+    assert perf.peak_bf16_flops_for_name("NVIDIA H200 NVL") == 835e12  # not the SXM part's 989
     assert perf.peak_bf16_flops_for_name("NVIDIA H100 80GB HBM3") == 989e12
     assert perf.peak_bf16_flops_for_name("NVIDIA A100-SXM4-80GB") == 312e12
     assert perf.peak_bf16_flops_for_name("NVIDIA H100 PCIe") is None

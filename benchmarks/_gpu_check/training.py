@@ -1,0 +1,139 @@
+"""Part d: training throughput through ``transformers.Trainer`` and the library's ``ThroughputCallback``.
+
+GPT-2 472M, bf16 mixed precision, one process, fused AdamW, no gradient checkpointing, batch 16 × 1024 random
+tokens, 10 warm-up + 60 measured steps, for default, conditioned and affine_scaled; then 1.72B (batch 8) when the
+part's time allows: the time it needs is estimated from the measured 472M default arm — its seconds per step × the
+FLOP ratio of a 1.72B step to a 472M step (`hf_condinit.perf.training_flops`, the 1.72B counted on the meta
+device), plus its other time (build, Trainer set-up) × the parameter ratio. Each arm is its own row: an error
+(e.g. out of memory) is that arm's row and the next arm runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+
+from .common import free_memory, gpt2_json, row_on_error, shape_of, sync, torch_setup, warm_up
+
+TRAIN_ARMS = (  # (label, size, attention, init)
+    ("472M default", "472m", "sdpa", "default"),
+    ("472M conditioned", "472m", "sdpa", "conditioned"),
+    ("472M affine_scaled", "472m", "affine_scaled", "default"),
+    ("1.72B default", "1.72b", "sdpa", "default"),
+)
+
+
+def part_d(ctx: dict, record) -> None:
+    torch = torch_setup(ctx)
+    smoke, device = ctx["smoke"], torch.device(ctx["device"])
+    warmup, measured = (2, 2) if smoke else (10, 60)
+    seq = 16 if smoke else 1024
+    deadline = ctx["started"] + ctx["cap"]
+    record(kind="settings", warmup_steps=warmup, measured_steps=measured, seq=seq, precision="bf16 autocast, fp32 "
+           "master weights", optimizer="adamw_torch_fused" if device.type == "cuda" else "adamw_torch",
+           gradient_checkpointing=False, runner="transformers.Trainer, one process",
+           timing="hf_condinit.callbacks.ThroughputCallback (step time device-synchronised; warm-up window dropped)")
+    warm_up(torch, device)
+    measured_arms = {}
+    for label, size, impl, init in TRAIN_ARMS:
+        batch = (2 if smoke else 16) if size == "472m" else (2 if smoke else 8)
+        estimate = None
+        if size != "472m" and "472m" in measured_arms:
+            with row_on_error(record, device, kind="train_estimate", arm=label):
+                estimate = estimate_seconds(torch, measured_arms["472m"], size, batch, seq, smoke,
+                                            warmup + measured)
+            left = deadline - time.time()
+            if estimate is not None and left < estimate["seconds"]:
+                record(kind="train", arm=label, estimate=estimate,
+                       skipped=f"not enough time left in the part's cap ({left:.0f}s left, ~{estimate['seconds']:.0f}s "
+                               f"estimated: {estimate['how']})")
+                continue
+        with row_on_error(record, device, kind="train", arm=label):
+            row = train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, device, smoke,
+                            ctx.get("peak_flops"))
+            record(**row, estimate=estimate)
+            if init == "default" and impl == "sdpa":
+                measured_arms.setdefault(size, row)
+        free_memory(device)
+
+
+def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, device, smoke, peak) -> dict:
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments, default_data_collator
+
+    from hf_condinit.callbacks import add_throughput_callback
+    from hf_condinit.perf import model_flops_shape, training_flops
+
+    t_arm = time.time()
+    raw = gpt2_json(size, smoke)
+    raw["n_positions"] = max(raw["n_positions"], seq)
+    config = AutoConfig.for_model(**raw)
+    kwargs = {"attn_implementation": impl}
+    if init != "default":
+        kwargs["condinit"] = {"method": init, "seed": 0}
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    sync(torch, device)
+    build_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(0)
+    steps = warmup + measured
+    ids = torch.randint(0, config.vocab_size, (batch * steps, seq), generator=gen)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = TrainingArguments(
+            output_dir=tmp, per_device_train_batch_size=batch, max_steps=steps, logging_steps=warmup,
+            learning_rate=1e-4, warmup_steps=0, weight_decay=0.1, bf16=True, use_cpu=device.type == "cpu",
+            optim="adamw_torch_fused" if device.type == "cuda" else "adamw_torch", report_to=[],
+            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator)
+        add_throughput_callback(trainer)
+        trainer.train()
+    history = trainer.state.log_history
+    windows = [h for h in history if "throughput/seconds_per_step" in h]
+    # the callback logs every `warmup` steps: the first window is the warm-up, the rest are the measured steps
+    timed = windows[1:]
+    seconds = sum(h["throughput/seconds_per_step"] * warmup for h in timed)
+    n_steps = warmup * len(timed)
+    tokens = batch * seq * n_steps
+    n, layers, width = model_flops_shape(model)
+    flops = training_flops(n, layers, width, batch, seq) * n_steps
+    mem = [h.get("throughput/peak_memory_gib") for h in windows if h.get("throughput/peak_memory_gib")]
+    losses = [h["loss"] for h in history if "loss" in h]
+    row = dict(kind="train", arm=label, size=size, shape=shape_of(config), attention=impl, init=init, batch=batch,
+               seq=seq, n_params=sum(p.numel() for p in model.parameters()), matmul_params=n, build_s=build_s,
+               measured_steps=n_steps, tokens_per_s=tokens / seconds if seconds else None,
+               seconds_per_step=seconds / n_steps if n_steps else None,
+               flops_per_step=training_flops(n, layers, width, batch, seq),
+               tflops=flops / seconds / 1e12 if seconds else None,
+               mfu=(flops / seconds / peak) if seconds and peak else None,
+               peak_memory_gib=max(mem) if mem else None, first_loss=losses[0] if losses else None,
+               last_loss=losses[-1] if losses else None, arm_wall_s=time.time() - t_arm)
+    del trainer, model, data
+    gc.collect()
+    return row
+
+
+def estimate_seconds(torch, measured: dict, size: str, batch: int, seq: int, smoke: bool, steps: int) -> dict:
+    """Seconds an arm of ``size`` needs, from a measured arm: its s/step × the FLOP ratio per step, plus the rest of
+    its wall time (build, Trainer set-up, warm-up compilation) × the parameter ratio."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_condinit.perf import model_flops_shape, training_flops
+
+    raw = gpt2_json(size, smoke)
+    raw["n_positions"] = max(raw["n_positions"], seq)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**raw))
+    n, layers, width = model_flops_shape(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    flop_ratio = training_flops(n, layers, width, batch, seq) / measured["flops_per_step"]
+    param_ratio = n_params / measured["n_params"]
+    step_s = measured["seconds_per_step"] * flop_ratio
+    other_s = max(0.0, measured["arm_wall_s"] - measured["seconds_per_step"] * steps) * param_ratio
+    seconds = step_s * steps + other_s
+    return dict(seconds=seconds, flop_ratio=flop_ratio, param_ratio=param_ratio,
+                how=f"{measured['seconds_per_step']:.3g} s/step × {flop_ratio:.2f} (FLOP ratio) × {steps} steps + "
+                    f"{other_s:.0f} s other")
