@@ -75,7 +75,6 @@ from hf_condinit.scripts_common import (
     evaluate_with_perplexity,
     find_last_checkpoint,
     flags_given,
-    log_deepspeed,
     make_condition_number_callback,
     make_throughput_callback,
     parse_and_set_up,
@@ -207,8 +206,8 @@ def context_length(config) -> int | None:
 
 def parse(argv=None):
     """Parse, with the §7 LM defaults (plus the embedded run's without data flags), a default ``--output_dir`` per
-    arm, and both ``--do_train`` and ``--do_eval`` when neither is given. Returns ``((model_args, data_args,
-    cond_args, training_args), attention_given)``; raises ``UsageError`` for a bad flag."""
+    arm, and both ``--do_train`` and ``--do_eval`` when neither is given (``parse_and_set_up``). Returns
+    ``((model_args, data_args, cond_args, training_args), attention_given)``; raises ``UsageError`` for a bad flag."""
     argv = sys.argv[1:] if argv is None else list(argv)
     single_process_launch_env(argv)
     synthetic = not flags_given(argv, DATA_FLAGS)
@@ -217,9 +216,6 @@ def parse(argv=None):
         (ModelArguments, DataTrainingArguments, CondInitArguments, TrainingArguments), argv, logger,
         output_prefix="clm-synthetic" if synthetic else "clm", defaults=defaults,
     )  # fmt: skip
-    training_args = parsed[-1]
-    if not training_args.do_train and not training_args.do_eval:
-        training_args.do_train = training_args.do_eval = True
     return parsed, attention_given
 
 
@@ -458,7 +454,6 @@ def main(argv=None):
         compute_metrics=compute_metrics,
         preprocess_logits_for_metrics=preprocess,
     )
-    log_deepspeed(trainer, training_args, logger)
     make_throughput_callback(cond_args, trainer)
     if cond_args.log_condition_number_every:
         source = eval_dataset if eval_dataset is not None else train_dataset

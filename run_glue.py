@@ -57,7 +57,6 @@ from hf_condinit.scripts_common import (
     check_attention_usable,
     check_loaded_model_flags,
     find_last_checkpoint,
-    log_deepspeed,
     make_throughput_callback,
     parse_and_set_up,
     parse_config_overrides,
@@ -354,7 +353,6 @@ def run_task(
         data_collator=data_collator,
     )
 
-    log_deepspeed(trainer, training_args, logger)
     make_throughput_callback(cond_args, trainer)
     if training_args.do_train:
         train_and_save(trainer, train_dataset, resume)
@@ -476,6 +474,7 @@ def parse(argv: list[str] | None = None):
     parsed, attention_given = parse_and_set_up(
         (ModelArguments, DataTrainingArguments, CondInitArguments, GlueTrainingArguments), argv, logger,
         output_prefix=lambda parsed: "glue-" + ("suite" if parsed[1].glue_suite else parsed[1].task_name),
+        run_modes=("do_train", "do_eval", "do_predict"),
     )  # fmt: skip
     model_args, _, cond_args, _ = parsed
     check_loaded_model_flags(cond_args, argv, model_args.model_name_or_path)

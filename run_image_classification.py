@@ -62,7 +62,6 @@ from hf_condinit.scripts_common import (
     check_attention_usable,
     check_loaded_model_flags,
     find_last_checkpoint,
-    log_deepspeed,
     make_condition_number_callback,
     make_throughput_callback,
     parse_and_set_up,
@@ -330,7 +329,6 @@ def main(argv: list[str] | None = None) -> dict:
         data = load_data(model_args, data_args, training_args)
     trainer, train_dataset, eval_dataset = build_trainer(model_args, data_args, cond_args, training_args,
                                                          attention_given, data)
-    log_deepspeed(trainer, training_args, logger)
     make_throughput_callback(cond_args, trainer)
 
     results: dict = {}

@@ -57,7 +57,6 @@ from hf_condinit.scripts_common import (
     check_loaded_model_flags,
     evaluate_with_perplexity,
     find_last_checkpoint,
-    log_deepspeed,
     make_throughput_callback,
     parse_and_set_up,
     parse_config_overrides,
@@ -237,7 +236,6 @@ def main(argv: list[str] | None = None):
         preprocess_logits_for_metrics=preprocess_logits_for_metrics if training_args.do_eval else None,
     )
 
-    log_deepspeed(trainer, training_args, logger)
     make_throughput_callback(cond_args, trainer)
     if training_args.do_train:
         train_and_save(trainer, train_dataset, last_checkpoint)

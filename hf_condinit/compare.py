@@ -13,7 +13,9 @@ Table columns (:func:`compare_table`): the arm (folder name), its init recipe (`
 attention), the final value of the evaluation metric (``eval_loss`` for LM runs, the task metric otherwise, or
 ``--metric``), the first evaluated step at which the run is at least as good as the best *other* run's final value
 ("not reached" when it never is), κ(J) at the first and last measurement (``kappa/mean``: mean over layers of the
-mean over heads; "—" without ``--log_condition_number_every``), training tokens/s and, when some run has it, the
+mean over heads; "—" without ``--log_condition_number_every``; ``≥`` marks a lower bound: some head's κ hit the
+float64 resolution, so the true value is larger, and a group's mean that includes such a value is one too),
+training tokens/s and, when some run has it, the
 zero-shot BLiMP accuracy (``blimp_accuracy`` of ``eval_results.json``: ``run_clm.py --blimp_dir`` or
 ``python -m hf_condinit.zero_shot RUN_DIR --blimp_dir DIR --save``).
 
@@ -48,6 +50,10 @@ __all__ = [
     "steps_to_reach",
     "main",
 ]
+
+#: The line under a table holding a κ lower bound.
+KAPPA_LOWER_BOUND_NOTE = ("≥: a lower bound of κ — some head's κ hit the float64 resolution (`n_lower_bound` in "
+                          "`condition_number.jsonl`), so the true value is larger.")
 
 EVAL_FIGURE = "compare_eval.png"
 KAPPA_FIGURE = "compare_kappa.png"
@@ -109,6 +115,8 @@ def _arm_stats(item: Union[RunSummary, RunGroup], metric: str | None) -> dict:
         "curve": (curve.steps, curve.values),
         "kappa_start": mean([r.kappa[0].mean if r.kappa else None for r in runs], log=True),
         "kappa_end": mean([r.kappa[-1].mean if r.kappa else None for r in runs], log=True),
+        "kappa_start_lower_bound": any(r.kappa[0].is_lower_bound for r in runs if r.kappa),
+        "kappa_end_lower_bound": any(r.kappa[-1].is_lower_bound for r in runs if r.kappa),
         "kappa_start_step": runs[0].kappa[0].step if runs and runs[0].kappa else None,
         "kappa_end_step": runs[0].kappa[-1].step if runs and runs[0].kappa else None,
         "tokens_per_second": mean([r.tokens_per_second for r in runs]),
@@ -121,7 +129,9 @@ def compare_table(runs: Sequence[Union[RunSummary, RunGroup]], metric: str | Non
     """One row per run (or group of seeds) with the keys ``arm``, ``recipe``, ``metric``, ``final``, ``target``
     (the best final value among the other rows), ``steps_to_target`` (:func:`steps_to_reach` on the row's eval
     curve; ``None`` when not reached or with a single row), ``kappa_start``, ``kappa_end`` (κ at the first / last
-    measurement, ``None`` when not logged), ``kappa_start_step``, ``kappa_end_step``, ``tokens_per_second``,
+    measurement, ``None`` when not logged), ``kappa_start_lower_bound``, ``kappa_end_lower_bound`` (the value is
+    only a lower bound: some head of some run hit the float64 resolution), ``kappa_start_step``, ``kappa_end_step``,
+    ``tokens_per_second``,
     ``blimp_accuracy`` (``None`` when not evaluated) and ``global_step``. A group's values are the means over its
     runs (geometric for κ).
 
@@ -163,13 +173,15 @@ def format_table(rows: Sequence[dict]) -> str:
             steps = f"{r['steps_to_target']} (target {_fmt(r['target'])})"
         else:
             steps = "—" if r.get("target") is None else f"not reached (target {_fmt(r['target'])})"
-        kappa = [_fmt(r.get(k)) + (f" @{r[k + '_step']}" if r.get(k) is not None else "")
-                 for k in ("kappa_start", "kappa_end")]
+        kappa = [("≥" if r.get(k + "_lower_bound") and r.get(k) is not None else "") + _fmt(r.get(k))
+                 + (f" @{r[k + '_step']}" if r.get(k) is not None else "") for k in ("kappa_start", "kappa_end")]
         tps = r.get("tokens_per_second")
         cells = [r["arm"], r["recipe"], _fmt(r.get("final")), steps, *kappa, "—" if tps is None else f"{tps:,.0f}"]
         if blimp:
             cells.append(_fmt(r.get("blimp_accuracy")))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if any(r.get(k + "_lower_bound") and r.get(k) is not None for r in rows for k in ("kappa_start", "kappa_end")):
+        lines += ["", KAPPA_LOWER_BOUND_NOTE]
     return "\n".join(lines) + "\n"
 
 

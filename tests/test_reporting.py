@@ -191,9 +191,12 @@ def test_figure_errors_are_warnings(tmp_path, caplog):
     assert "kappa.png" in caplog.text and "condition_number.jsonl:2" in caplog.text
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        _end_of_training(tmp_path / "empty", [])  # nothing to draw: warnings, no exception
-    assert "loss.png" in caplog.text
+    with caplog.at_level(logging.INFO):  # issue 22: fewer than two losses is no figure and no warning
+        _end_of_training(tmp_path / "empty", [])
+        _end_of_training(tmp_path / "one", [{"loss": 2.0, "step": 1}, {"eval_loss": 2.1, "step": 1}])
+    assert not (tmp_path / "empty" / "loss.png").exists() and not (tmp_path / "one" / "loss.png").exists()
+    assert "loss.png not drawn: 1 training and 1 evaluation loss(es) logged" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_a_crashing_plot_is_a_warning(tmp_path, caplog, monkeypatch):

@@ -72,7 +72,7 @@ def _losses(out):
 def test_zero2_two_processes_deepspeed_launcher(ts_file, tmp_path):
     out = tmp_path / "z2"
     log = _run("deepspeed", "zero2.json", ts_file, out, ["--max_steps", "3", "--learning_rate", "1e-3"])
-    assert log.count("DeepSpeed enabled: True, ZeRO stage 2, world size 2") == 2
+    assert log.count("launched by deepspeed: world size 2, device cpu, DeepSpeed ZeRO-2") == 1  # rank 0 only
     losses = _losses(out)
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     ev = json.loads((out / "eval_results.json").read_text())
@@ -89,7 +89,7 @@ def test_zero3_two_processes_conditioned_weights_intact(ts_file, tmp_path):
     save must reload with full shapes and the conditioned q/k/v intact."""
     out = tmp_path / "z3"
     log = _run("torchrun", "zero3.json", ts_file, out, ["--max_steps", "2", "--learning_rate", "0"])
-    assert log.count("DeepSpeed enabled: True, ZeRO stage 3, world size 2") == 2
+    assert log.count("launched by torchrun: world size 2, device cpu, DeepSpeed ZeRO-3") == 1
     losses = _losses(out)
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     assert math.isfinite(json.loads((out / "eval_results.json").read_text())["perplexity"])
@@ -107,6 +107,6 @@ def test_zero3_single_process_without_launcher(ts_file, tmp_path):
     """``python run_clm.py --deepspeed ds_configs/zero3.json`` (no launcher) must not fall back to MPI discovery."""
     out = tmp_path / "z3single"
     log = _run("python", "zero3.json", ts_file, out, ["--max_steps", "2", "--learning_rate", "0"])
-    assert "DeepSpeed enabled: True, ZeRO stage 3, world size 1" in log
+    assert "launched by python: world size 1, device cpu, DeepSpeed ZeRO-3" in log
     assert all(math.isfinite(x) for x in _losses(out))
     gpt2_conditioned_checks(AutoModelForCausalLM.from_pretrained(out))

@@ -169,5 +169,6 @@ def test_a_run_prints_what_a_user_needs(tmp_path):
     for noise in ("pin_memory", "loss_type", "Setting accelerator", "missing keys", "Traceback"):
         assert noise not in logs, logs
     assert "DEEPSPEED_IMPORTED False" in logs and "run_clm result (default, sdpa)" in logs
+    assert proc.stdout.count("run_clm.py: launched by python: world size 1, device cpu") == 1  # issue 22 item 3
     results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert math.isfinite(results["perplexity"])

@@ -241,7 +241,9 @@ class ConditionNumberCallback(TrainerCallback):
         metrics = report.to_log_dict(self.prefix)
         self._write_jsonl(args, state, metrics, report)
         if self.trainer is not None:
-            self.trainer.log(dict(metrics))
+            with _console_quiet(self.trainer):  # the full dict goes to report_to and log_history, not the terminal
+                self.trainer.log(dict(metrics))
+            _console_write(self.trainer, console_line(state.global_step, report))
         else:
             if not self._warned_unbound:
                 logger.warning(
@@ -262,6 +264,55 @@ class ConditionNumberCallback(TrainerCallback):
         record = {"step": state.global_step, "epoch": state.epoch, "log": metrics, **report.to_dict()}
         with open(path, "a") as f:
             f.write(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
+
+
+def console_line(step: int, report) -> str:
+    """The one line a measurement prints on the terminal: ``κ(J) at step 100: mean 163.5, max 195.9 over 2 layers``
+    (``≥`` marks a lower bound; the per-layer values are in ``condition_number.jsonl`` and the ``report_to``
+    integrations)."""
+    metrics = report.to_log_dict()
+    n_lower = sum(lc.n_lower_bound for lc in report.layers)
+    mark = "≥" if n_lower else ""
+    line = (f"κ(J) at step {step}: mean {mark}{metrics['kappa/mean']:.4g}, max {mark}{metrics['kappa/max']:.4g} "
+            f"over {len(report.layers)} layer(s) ({metrics['kappa/seconds']:.1f} s)")
+    if n_lower:
+        line += f"; {n_lower} head(s) at the float64 resolution: lower bounds"
+    return line
+
+
+class _console_quiet:
+    """Within the block, the Trainer's console printers (``ProgressCallback`` / ``PrinterCallback``) skip
+    ``on_log``: a κ measurement has dozens of keys, printed as one long dict per measurement otherwise. The other
+    callbacks (``report_to`` integrations) still receive them. Instance attributes shadow the method and are removed
+    afterwards, so the callback list is never changed while the Trainer iterates over it."""
+
+    def __init__(self, trainer):
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        self.printers = [cb for cb in trainer.callback_handler.callbacks
+                         if isinstance(cb, (PrinterCallback, ProgressCallback))]
+
+    def __enter__(self):
+        for cb in self.printers:
+            cb.on_log = lambda *args, **kwargs: None
+        return self
+
+    def __exit__(self, *exc):
+        for cb in self.printers:
+            cb.__dict__.pop("on_log", None)
+        return False
+
+
+def _console_write(trainer, line: str) -> None:
+    """Print ``line`` once (world process zero) above the progress bar, or plainly without one."""
+    from transformers.trainer_callback import ProgressCallback
+
+    bar = next((cb.training_bar for cb in trainer.callback_handler.callbacks
+                if isinstance(cb, ProgressCallback) and cb.training_bar is not None), None)
+    if bar is not None:
+        bar.write(line)
+    else:
+        print(line)
 
 
 def _json_default(o):

@@ -20,7 +20,7 @@ import os
 from transformers import TrainerCallback
 
 from ..reporting.model_card import write_model_card
-from ..reporting.plots import plot_kappa_layers, plot_loss
+from ..reporting.plots import TooFewPointsError, plot_kappa_layers, plot_loss
 from ..reporting.runs import read_kappa_records
 
 __all__ = ["RunReportCallback", "write_run_figures"]
@@ -33,8 +33,8 @@ KAPPA_FIGURE = "kappa.png"
 
 def write_run_figures(output_dir: str, log_history: list[dict], *, kappa: bool = True) -> list[str]:
     """Draw ``loss.png`` from ``log_history`` and (with ``kappa``) ``kappa.png`` from
-    ``<output_dir>/condition_number.jsonl`` when it exists. Each figure that cannot be drawn is a logged warning.
-    Returns the paths written."""
+    ``<output_dir>/condition_number.jsonl`` when it exists. Each figure that cannot be drawn is a logged warning,
+    except a loss curve with fewer than two points, which is left out with an info line. Returns the paths written."""
     written = []
     title = os.path.basename(os.path.abspath(output_dir))
     jobs = [(LOSS_FIGURE, lambda p: plot_loss(log_history, p, title=f"{title}: loss"))]
@@ -46,6 +46,8 @@ def write_run_figures(output_dir: str, log_history: list[dict], *, kappa: bool =
         try:
             os.makedirs(output_dir, exist_ok=True)
             written.append(draw(path))
+        except TooFewPointsError as e:
+            logger.info(f"{name} not drawn: {e}")
         except Exception as e:  # noqa: BLE001 - a figure must never fail a run
             logger.warning(f"could not write {path}: {type(e).__name__}: {e}")
     return written

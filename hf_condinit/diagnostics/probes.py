@@ -265,6 +265,35 @@ class ConditionReport:
         out[f"{prefix}/seconds"] = float(self.seconds)
         return out
 
+    def __repr__(self) -> str:
+        """A per-layer table (``print(report)``): heads measured, κ mean / max over heads, the mean surrogate bound,
+        mean κ(P) and κ(PX), and the heads whose κ is only a lower bound; a value marked ``≥`` is a lower bound.
+        The full per-head data: :meth:`to_dict`."""
+
+        def num(value: float, lower_bound: bool = False) -> str:
+            text = "nan" if math.isnan(value) else f"{value:.4g}"
+            return ("≥" if lower_bound and not math.isnan(value) else "") + text
+
+        header = ("layer", "heads", "κ mean", "κ max", "bound", "κ(P)", "κ(PX)", "lower bounds")
+        rows = [header]
+        for lc in self.layers:
+            bounded = lc.n_lower_bound > 0
+            rows.append((str(lc.layer), str(len(lc.heads)), num(lc.mean, bounded), num(lc.max, bounded),
+                         num(lc.mean_of("bound")), num(lc.mean_of("kappa_p")), num(lc.mean_of("kappa_px")),
+                         str(lc.n_lower_bound)))
+        overall = self.to_log_dict()
+        any_bounded = any(lc.n_lower_bound for lc in self.layers)
+        rows.append(("all", str(sum(len(lc.heads) for lc in self.layers)), num(overall["kappa/mean"], any_bounded),
+                     num(overall["kappa/max"], any_bounded), "", "", "",
+                     str(sum(lc.n_lower_bound for lc in self.layers))))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = [f"ConditionReport({self.model_type or 'model'}, method={self.method!r}, probe {tuple(self.probe_shape)}, "
+                 f"{self.seconds:.2f} s)"]
+        lines += ["  " + "  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
+        if any_bounded:
+            lines.append("  ≥: a lower bound (a head's κ hit the float64 resolution; the true value is larger)")
+        return "\n".join(lines)
+
     def to_dict(self) -> dict:
         """JSON-serialisable nested dict (per layer and per head)."""
         return {

@@ -157,6 +157,18 @@ def _listify(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
+def _warmup_named(hyperparameters: dict | None) -> dict | None:
+    """HF's card lists ``--warmup_steps`` as ``lr_scheduler_warmup_steps`` even below 1, where transformers reads it
+    as a fraction of the training steps: name that case ``lr_scheduler_warmup_ratio`` (same position)."""
+    if not hyperparameters:
+        return hyperparameters
+    value = hyperparameters.get("lr_scheduler_warmup_steps")
+    if value is None or not 0 < value < 1:
+        return hyperparameters
+    return {("lr_scheduler_warmup_ratio" if k == "lr_scheduler_warmup_steps" else k): v
+            for k, v in hyperparameters.items()}
+
+
 def _recipe_section(condinit: dict | None, attention: str | None, source: str | None = None) -> str:
     if not condinit:
         body = "No hf_condinit recipe: the model keeps its architecture's own initialisation.\n"
@@ -173,6 +185,11 @@ def _recipe_section(condinit: dict | None, attention: str | None, source: str | 
     return "\n\nAttention weights initialised by hf_condinit (`config.condinit`).\n\n" + body
 
 
+def _kappa_value(value: float, lower_bound: bool) -> str:
+    """κ for the card: ``≥1e+06`` when it is only a lower bound."""
+    return ("≥" if lower_bound else "") + _fmt(value)
+
+
 def _kappa_section(records) -> str:
     first, last = records[0], records[-1]
     layers = sorted(set(first.layers) | set(last.layers))
@@ -183,10 +200,17 @@ def _kappa_section(records) -> str:
         "|---|---:|---:|",
     ]
     for lay in layers:
-        cells = [f"{_fmt(r.layers[lay]['mean'])} / {_fmt(r.layers[lay]['max'])}" if lay in r.layers else "—"
+        cells = [f"{_kappa_value(r.layers[lay]['mean'], r.layer_is_lower_bound(lay))} / "
+                 f"{_kappa_value(r.layers[lay]['max'], r.layer_is_lower_bound(lay))}" if lay in r.layers else "—"
                  for r in (first, last)]
         lines.append(f"| {lay} | {cells[0]} | {cells[1]} |")
-    lines.append(f"| all layers | {_fmt(first.mean)} / {_fmt(first.max)} | {_fmt(last.mean)} / {_fmt(last.max)} |")
+    overall = [f"{_kappa_value(r.mean, r.is_lower_bound)} / {_kappa_value(r.max, r.is_lower_bound)}"
+               for r in (first, last)]
+    lines.append(f"| all layers | {overall[0]} | {overall[1]} |")
+    if first.is_lower_bound or last.is_lower_bound:
+        lines += ["", "≥: a lower bound — some head's κ hit the float64 resolution (`n_lower_bound` in "
+                      "`condition_number.jsonl`), so the true value is larger; a mean over heads that includes such "
+                      "a head is a lower bound too."]
     return "\n".join(lines) + "\n"
 
 
@@ -236,6 +260,9 @@ def build_model_card(trainer, *, output_dir: str | None = None, argv: list[str] 
     if summary.dataset_tags is not None and None in _listify(summary.dataset_tags):
         summary.dataset_tags = summary.dataset_args = summary.dataset_metadata = None
         summary.dataset = _dataset_name(argv)
+    summary.hyperparameters = _warmup_named(summary.hyperparameters)
+    if not summary.eval_lines:  # no evaluation during training: no empty "Training results" table
+        summary.eval_lines = None
     text = summary.to_model_card()
     local_source = source if source and os.path.exists(source) else None
 

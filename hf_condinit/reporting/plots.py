@@ -7,6 +7,11 @@ Overlays take *curves*: a :class:`Curve` given directly, a ``RunSummary`` (one r
 seeds of one arm, drawn as their mean with a band). Bands: mean ± one standard deviation over the seeds for
 evaluation metrics; for κ, which spans orders of magnitude, the geometric mean times/divided by the geometric
 standard deviation (mean ± std of log10 κ). Seeds are aggregated at the steps all of them have.
+
+κ lower bounds: a κ(J) measurement where some head hit the float64 resolution is only a lower bound
+(``KappaRecord.is_lower_bound``). Such points get a hollow upward triangle (:data:`LOWER_BOUND_MARKER`) and the
+legend an entry "κ is a lower bound (true value ≥ point)", in ``kappa.png`` and in the compare overlay (for a group,
+a step is marked when any seed's value is a lower bound there).
 """
 
 from __future__ import annotations
@@ -20,25 +25,38 @@ from .runs import KappaRecord, RunSummary, eval_curve, lower_is_better, primary_
 __all__ = [
     "Curve",
     "RunGroup",
+    "TooFewPointsError",
+    "LOWER_BOUND_MARKER",
+    "arm_label",
     "aggregate_curves",
     "plot_loss",
     "plot_kappa_layers",
+    "kappa_layers_figure",
+    "curves_figure",
     "plot_curves",
     "plot_eval_curves",
     "plot_kappa",
+    "kappa_curves",
     "common_metric",
 ]
 
 
+#: matplotlib style of a point that is only a lower bound (module docstring).
+LOWER_BOUND_MARKER = {"marker": "^", "ms": 9, "mfc": "none", "mew": 1.4, "ls": "none"}
+LOWER_BOUND_LABEL = "κ is a lower bound (true value ≥ point)"
+
+
 @dataclass
 class Curve:
-    """One line of an overlay: ``values[i]`` at ``steps[i]``; ``lower`` / ``upper`` (same length) draw a band."""
+    """One line of an overlay: ``values[i]`` at ``steps[i]``; ``lower`` / ``upper`` (same length) draw a band;
+    ``lower_bound[i]`` (same length) marks ``values[i]`` as only a lower bound of the quantity."""
 
     label: str
     steps: list[float]
     values: list[float]
     lower: list[float] | None = None
     upper: list[float] | None = None
+    lower_bound: list[bool] | None = None
 
 
 @dataclass
@@ -97,14 +115,29 @@ def _save(fig, path: str) -> str:
     return path
 
 
+class TooFewPointsError(ValueError):
+    """A figure was not drawn because the run logged too few points for a curve (not an error of the run)."""
+
+
+def _mark_lower_bounds(ax, points, color, labelled: bool) -> bool:
+    """Draw ``points`` (``(step, value)`` pairs that are lower bounds) with :data:`LOWER_BOUND_MARKER` in ``color``;
+    the first call per axis (``labelled`` False) adds the legend entry. Returns whether the entry exists now."""
+    if not points:
+        return labelled
+    ax.plot(*zip(*points), color=color, **LOWER_BOUND_MARKER, label=None if labelled else LOWER_BOUND_LABEL)
+    return True
+
+
 def plot_loss(log_history: list[dict], path: str, *, final_metrics: dict | None = None,
               final_step: int | None = None, title: str | None = None) -> str:
     """Training loss (``loss`` entries) and evaluation loss (``eval_loss`` entries plus the final evaluation) vs
-    optimizer step, from a ``trainer_state.json`` ``log_history``. Raises ``ValueError`` when there is no loss."""
+    optimizer step, from a ``trainer_state.json`` ``log_history``. Raises :class:`TooFewPointsError` when neither
+    curve has two points (a one-dot figure says nothing; a short run with ``--logging_steps`` above its length)."""
     train = train_loss_curve(log_history)
     ev = eval_curve(log_history, "eval_loss", final_metrics, final_step)
-    if not train[0] and not ev[0]:
-        raise ValueError("the log history has no training or evaluation loss")
+    if len(train[0]) < 2 and len(ev[0]) < 2:
+        raise TooFewPointsError(f"{len(train[0])} training and {len(ev[0])} evaluation loss(es) logged, fewer than "
+                                f"two; lower --logging_steps / --eval_steps for a loss curve")
     fig, (ax,) = _new_figure()
     if train[0]:
         ax.plot(*train, label="train loss", color="C0", lw=1.2)
@@ -117,12 +150,19 @@ def plot_loss(log_history: list[dict], path: str, *, final_metrics: dict | None 
 
 
 def plot_kappa_layers(records: Sequence[KappaRecord], path: str, *, title: str | None = None) -> str:
+    """Save :func:`kappa_layers_figure` to ``path``; returns ``path``."""
+    return _save(kappa_layers_figure(records, title=title), path)
+
+
+def kappa_layers_figure(records: Sequence[KappaRecord], *, title: str | None = None):
     """κ(J) per layer vs step, log scale: left the mean over heads with the layer's bound dashed (same colour),
-    right the max over heads. Raises ``ValueError`` when no record has a finite positive κ."""
+    right the max over heads; a value that is only a lower bound is marked (module docstring). Raises
+    ``ValueError`` when no record has a finite positive κ."""
     layers = sorted({lay for r in records for lay in r.layers})
     if not any(_usable(r.layers[lay][k], True) for r in records for lay in r.layers for k in ("mean", "max")):
         raise ValueError("no finite positive κ in the records")
     fig, (ax_mean, ax_max) = _new_figure(ncols=2, width=5.2)
+    labelled = {ax_mean: False, ax_max: False}
     for i, lay in enumerate(layers):
         color = f"C{i % 10}"
         for ax, key, style in ((ax_mean, "mean", "-"), (ax_max, "max", "-"), (ax_mean, "bound", "--")):
@@ -130,6 +170,12 @@ def plot_kappa_layers(records: Sequence[KappaRecord], path: str, *, title: str |
             if pts:
                 ax.plot(*zip(*pts), style, color=color, marker="o" if style == "-" else None, ms=3,
                         lw=1.0 if style == "--" else 1.4, label=f"layer {lay}" if key != "bound" else None)
+            if key != "bound":
+                bounded = [(r.step, r.layers[lay][key]) for r in records if r.layer_is_lower_bound(lay)
+                           and _usable(r.layers[lay][key], True)]
+                labelled[ax] = _mark_lower_bounds(ax, bounded, color, labelled[ax])
+    if labelled[ax_max]:
+        ax_max.legend(fontsize="small")
     for ax, what in ((ax_mean, "mean over heads (dashed: bound)"), (ax_max, "max over heads")):
         ax.set_yscale("log")
         ax.set(xlabel="step", ylabel="κ(J)", title=what)
@@ -137,14 +183,21 @@ def plot_kappa_layers(records: Sequence[KappaRecord], path: str, *, title: str |
     ax_mean.legend(fontsize="small", ncol=2 if len(layers) > 6 else 1)
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return fig
 
 
 def plot_curves(curves: Sequence[Curve], path: str, *, ylabel: str, title: str, logy: bool = False) -> str:
-    """Overlay of curves (markers on each point; a band where ``lower`` / ``upper`` are given)."""
+    """Save :func:`curves_figure` to ``path``; returns ``path``."""
+    return _save(curves_figure(curves, ylabel=ylabel, title=title, logy=logy), path)
+
+
+def curves_figure(curves: Sequence[Curve], *, ylabel: str, title: str, logy: bool = False):
+    """Overlay of curves (markers on each point; a band where ``lower`` / ``upper`` are given; lower bounds marked
+    where ``lower_bound`` says so)."""
     if not any(c.steps for c in curves):
         raise ValueError(f"nothing to plot for {title!r}: no curve has points")
     fig, (ax,) = _new_figure()
+    labelled = False
     for i, c in enumerate(curves):
         if not c.steps:
             continue
@@ -152,12 +205,15 @@ def plot_curves(curves: Sequence[Curve], path: str, *, ylabel: str, title: str, 
         ax.plot(c.steps, c.values, color=color, marker="o", ms=3, lw=1.4, label=c.label)
         if c.lower is not None and c.upper is not None:
             ax.fill_between(c.steps, c.lower, c.upper, color=color, alpha=0.2, lw=0)
+        if c.lower_bound is not None:
+            bounded = [(s, v) for s, v, b in zip(c.steps, c.values, c.lower_bound) if b]
+            labelled = _mark_lower_bounds(ax, bounded, color, labelled)
     if logy:
         ax.set_yscale("log")
     ax.set(xlabel="step", ylabel=ylabel, title=title)
     ax.grid(alpha=0.3, which="both")
     ax.legend()
-    return _save(fig, path)
+    return fig
 
 
 def common_metric(runs: Sequence[RunSummary]) -> str | None:
@@ -180,15 +236,39 @@ def _runs_of(items: Sequence[CurveSource]) -> list[RunSummary]:
     return out
 
 
-def _to_curve(item: CurveSource, get, *, log: bool) -> Curve:
+def arm_label(run: RunSummary) -> str:
+    """A run's legend label: its folder name and its recipe (``"B: conditioned (seed 0)"``)."""
+    return f"{run.name}: {run.recipe}" if run.recipe else run.name
+
+
+def _group_label(group: RunGroup) -> str:
+    """A group's legend label: its label, seed count and the recipe of its runs without the seed."""
+    from .runs import recipe_summary
+
+    label = f"{group.label} (n={len(group.runs)})"
+    if group.runs:
+        first = group.runs[0]
+        label += ": " + recipe_summary({k: v for k, v in first.condinit.items() if k != "seed"}, first.attention)
+    return label
+
+
+def _to_curve(item: CurveSource, get, *, log: bool, flags=None) -> Curve:
+    """``item`` as a :class:`Curve`: ``get(run)`` gives a run's ``(steps, values)``; ``flags(run)`` (optional) the
+    steps at which its value is only a lower bound."""
     if isinstance(item, Curve):
         return item
     if isinstance(item, RunGroup):
-        return aggregate_curves(f"{item.label} (n={len(item.runs)})", [get(r) for r in item.runs], log=log)
-    if isinstance(item, RunSummary):
+        curve = aggregate_curves(_group_label(item), [get(r) for r in item.runs], log=log)
+        bounded = set().union(*(flags(r) for r in item.runs)) if flags and item.runs else set()
+    elif isinstance(item, RunSummary):
         steps, values = get(item)
-        return Curve(item.name, list(steps), list(values))
-    raise TypeError(f"expected a Curve, RunSummary or RunGroup, got {type(item).__name__}")
+        curve = Curve(arm_label(item), list(steps), list(values))
+        bounded = flags(item) if flags else set()
+    else:
+        raise TypeError(f"expected a Curve, RunSummary or RunGroup, got {type(item).__name__}")
+    if flags:
+        curve.lower_bound = [s in bounded for s in curve.steps]
+    return curve
 
 
 def plot_eval_curves(runs: Sequence[CurveSource], path: str, metric: str | None = None) -> str:
@@ -207,9 +287,18 @@ def _kappa_curve(run: RunSummary) -> tuple[list[int], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _kappa_lower_bound_steps(run: RunSummary) -> set[int]:
+    return {r.step for r in run.kappa if r.is_lower_bound}
+
+
+def kappa_curves(runs: Sequence[CurveSource]) -> list[Curve]:
+    """The curves of :func:`plot_kappa`: one per run or group, labelled with folder and recipe, lower bounds
+    flagged (``Curve.lower_bound``)."""
+    return [_to_curve(item, _kappa_curve, log=True, flags=_kappa_lower_bound_steps) for item in runs]
+
+
 def plot_kappa(runs: Sequence[CurveSource], path: str) -> str:
     """Overlay of κ(J) (mean over layers of the per-layer mean over heads, the ``kappa/mean`` log key) vs step, log
-    scale. Raises ``ValueError`` when no run logged κ."""
-    curves = [_to_curve(item, _kappa_curve, log=True) for item in runs]
-    return plot_curves(curves, path, ylabel="κ(J), mean over layers and heads", title="attention-Jacobian κ",
+    scale; lower bounds marked (module docstring). Raises ``ValueError`` when no run logged κ."""
+    return plot_curves(kappa_curves(runs), path, ylabel="κ(J), mean over layers and heads", title="attention-Jacobian κ",
                        logy=True)

@@ -63,14 +63,26 @@ class NotARunFolderError(ValueError):
 class KappaRecord:
     """One κ(J) measurement (one line of ``condition_number.jsonl``).
 
-    ``layers`` maps the layer ordinal to ``{"mean", "max", "bound"}`` (over the measured heads; NaN when absent);
-    ``mean`` is the mean of the layer means and ``max`` the max over all heads (the ``kappa/mean`` and
-    ``kappa/max`` log keys)."""
+    ``layers`` maps the layer ordinal to ``{"mean", "max", "bound", "n_lower_bound"}`` (over the measured heads;
+    NaN when absent; ``n_lower_bound``: heads whose κ hit the float64 resolution, so that the layer's mean and max
+    are lower bounds); ``mean`` is the mean of the layer means and ``max`` the max over all heads (the
+    ``kappa/mean`` and ``kappa/max`` log keys); ``n_lower_bound`` the heads of every layer whose κ is only a lower
+    bound (then ``mean`` and ``max`` are lower bounds too: :attr:`is_lower_bound`)."""
 
     step: int
     mean: float
     max: float
     layers: dict[int, dict[str, float]] = field(default_factory=dict)
+    n_lower_bound: int = 0
+
+    @property
+    def is_lower_bound(self) -> bool:
+        """Whether ``mean`` and ``max`` are lower bounds (some head's κ is; the true values may be larger)."""
+        return self.n_lower_bound > 0
+
+    def layer_is_lower_bound(self, layer: int) -> bool:
+        """Whether layer ``layer``'s mean and max over heads are lower bounds."""
+        return self.layers.get(layer, {}).get("n_lower_bound", 0) > 0
 
 
 @dataclass
@@ -152,7 +164,8 @@ def read_kappa_records(path: str) -> list[KappaRecord]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: not a condition-number record ({e})") from None
             layers = {
-                int(lay["layer"]): {k: _float(lay.get(k)) for k in ("mean", "max", "bound")}
+                int(lay["layer"]): {**{k: _float(lay.get(k)) for k in ("mean", "max", "bound")},
+                                    "n_lower_bound": int(lay.get("n_lower_bound") or 0)}
                 for lay in rec.get("layers") or []
             }
             log = rec.get("log") or {}
@@ -160,7 +173,8 @@ def read_kappa_records(path: str) -> list[KappaRecord]:
             maxes = [v["max"] for v in layers.values() if not math.isnan(v["max"])]
             mean = _float(log["kappa/mean"]) if "kappa/mean" in log else (sum(means) / len(means) if means else math.nan)
             mx = _float(log["kappa/max"]) if "kappa/max" in log else (max(maxes) if maxes else math.nan)
-            by_step[step] = KappaRecord(step=step, mean=mean, max=mx, layers=layers)
+            n_lower = sum(v["n_lower_bound"] for v in layers.values())
+            by_step[step] = KappaRecord(step=step, mean=mean, max=mx, layers=layers, n_lower_bound=n_lower)
     return [by_step[s] for s in sorted(by_step)]
 
 

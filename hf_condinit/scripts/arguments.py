@@ -1,0 +1,170 @@
+"""The flags every script shares: :class:`CondInitArguments` (``--init`` / ``--attention`` / method options, 1:1 with
+:class:`hf_condinit.config.CondInitConfig`) and the default sets :data:`LM_TRAINING_DEFAULTS` (METHODS.md §7) and
+:data:`SCRIPT_DEFAULTS`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
+from .errors import UsageError, user_errors
+
+
+# METHODS.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
+# the hardware (pass --bf16 on GPUs that have it; the DeepSpeed configs use "auto").
+LM_TRAINING_DEFAULTS: dict[str, Any] = {
+    "optim": "adamw_torch",
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "weight_decay": 0.1,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.05,  # < 1: a fraction of the total steps (transformers 5 semantics)
+    "max_grad_norm": 1.0,
+    "learning_rate": 3e-4,
+    "logging_steps": 50,
+}
+
+
+#: Defaults of every script (explicit flags win): a non-finite loss must reach the logs, where
+#: ``NonFiniteLossCallback`` stops the run (HF's default filter would replace it by the running mean).
+SCRIPT_DEFAULTS: dict[str, Any] = {"logging_nan_inf_filter": False}
+
+
+#: The attention implementations transformers has built in (no ``condinit_`` holder parameters).
+BUILTIN_ATTENTION = ("sdpa", "eager")
+
+
+def known_init_names() -> list[str]:
+    """Init scheme names: the registry's (``hf_condinit.registry.INIT_SCHEMES``) or the built-in three."""
+    names: list[str] = []
+    try:
+        import hf_condinit  # noqa: F401  (registers the schemes)
+        from hf_condinit.config import INIT_METHODS
+        from hf_condinit.registry import INIT_SCHEMES
+
+        names = list(dict.fromkeys([*INIT_METHODS, *INIT_SCHEMES]))
+    except ImportError:  # pragma: no cover - package partially installed
+        names = ["default", "mimetic", "conditioned"]
+    return names
+
+
+def known_attention_names() -> list[str]:
+    """Attention implementations accepted by ``--attention``: sdpa, eager, hf_condinit's variants and anything
+    registered with HF's ``AttentionInterface`` (flash_attention_2, flex_attention, ...)."""
+    names = list(BUILTIN_ATTENTION)
+    try:
+        import hf_condinit  # noqa: F401  (registers the variants)
+        from hf_condinit.registry import ATTENTION_VARIANTS
+
+        names += list(ATTENTION_VARIANTS)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from transformers import AttentionInterface
+
+        names += list(AttentionInterface._global_mapping)
+    except Exception:  # pragma: no cover - private attribute moved
+        pass
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class CondInitArguments:
+    """Flags of the attention initialisation and variants; each option maps 1:1 to a ``CondInitConfig`` field.
+
+    Options left at ``None`` are not passed, so ``CondInitConfig``'s own defaults apply (METHODS.md §1-5).
+    """
+
+    init: str = field(
+        default="default",
+        metadata={"help": "Attention init scheme: default (the model's own), mimetic, or conditioned (alias: "
+                          "orthogonal)."},
+    )
+    attention: str = field(
+        default="sdpa",
+        metadata={
+            "help": "Attention implementation: sdpa, eager, or an hf_condinit variant (affine_scaled, "
+            "attention_sink, preconditioned); HF's flash_attention_2/3/4 and flex_attention where this machine and "
+            "model support them (checked before any work)."
+        },
+    )
+    condinit_seed: int | None = field(
+        default=None, metadata={"help": "Seed of the init scheme's generators (default: --seed)."}
+    )
+    value_init: str | None = field(default=None, metadata={"help": "conditioned: 'block' (default) or 'per_head'."})
+    qk_gain: float | None = field(default=None, metadata={"help": "conditioned: scale of the Q/K blocks (default 1)."})
+    v_gain: float | None = field(default=None, metadata={"help": "conditioned: scale of the V identity (default 1)."})
+    mimetic_alpha1: float | None = field(default=None, metadata={"help": "mimetic α1 (default 0.7)."})
+    mimetic_beta1: float | None = field(default=None, metadata={"help": "mimetic β1 (default 0.7)."})
+    mimetic_alpha2: float | None = field(default=None, metadata={"help": "mimetic α2 (default 0.4)."})
+    mimetic_beta2: float | None = field(default=None, metadata={"help": "mimetic β2 (default 0.4)."})
+    mimetic_vo_sign: int | None = field(default=None, metadata={"help": "mimetic sign of the VO identity (-1|+1)."})
+    mimetic_dist: str | None = field(default=None, metadata={"help": "mimetic Z distribution: uniform|normal."})
+    spectral_lambda: float | None = field(
+        default=None, metadata={"help": "Enable spectral conditioning with this λ (paper's best: 10)."}
+    )
+    spectral_mode: str | None = field(default=None, metadata={"help": "spectral: identity (default) or svd."})
+    affine_rho: float | None = field(default=None, metadata={"help": "affine_scaled: EMA factor of α_ma (0.9)."})
+    affine_bias_length: str | None = field(default=None, metadata={"help": "affine_scaled: visible|full."})
+    precond_eps: float | None = field(default=None, metadata={"help": "preconditioned: ε (1e-6)."})
+    precond_scale: str | None = field(default=None, metadata={"help": "preconditioned: none|sqrt_d."})
+    log_condition_number_every: int = field(
+        default=0,
+        metadata={"help": "Log the attention-Jacobian κ every N optimizer steps (and at step 0); 0 disables. Each "
+                          "measurement costs many training steps (benchmarks/throughput.py): 500 or more."},
+    )
+    condition_number_probe_size: int = field(
+        default=DEFAULT_PROBE_SIZE, metadata={"help": "Sequences in the κ probe batch (taken from the evaluation data)."}
+    )
+    condition_number_probe_length: int = field(
+        default=DEFAULT_PROBE_LENGTH, metadata={"help": "Tokens per probe sequence for the κ diagnostic."}
+    )
+    log_throughput: bool = field(
+        default=False,
+        metadata={"help": "Add tokens/s, MFU (known GPUs) and peak accelerator memory to every training log line "
+                          "(hf_condinit.callbacks.ThroughputCallback; keys throughput/...)."},
+    )
+
+    # Fields that are CondInitConfig options (same names).
+    _OPTION_FIELDS = (
+        "value_init", "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2", "mimetic_beta2",
+        "mimetic_vo_sign", "mimetic_dist", "spectral_lambda", "spectral_mode", "affine_rho", "affine_bias_length",
+        "precond_eps", "precond_scale",
+    )  # fmt: skip
+
+    def __post_init__(self):
+        if self.log_condition_number_every < 0:
+            raise ValueError(f"--log_condition_number_every must be >= 0, got {self.log_condition_number_every}")
+        self.validate_names()
+
+    def validate_names(self) -> None:
+        """Raise a :class:`UsageError` for an unknown ``--init`` or ``--attention`` name, listing the accepted ones
+        (aliases included: ``orthogonal`` = ``conditioned``)."""
+        from hf_condinit.config import INIT_METHOD_ALIASES
+
+        inits = known_init_names()
+        if self.init not in inits and self.init not in INIT_METHOD_ALIASES:
+            aliases = "".join(f", {a} (alias of {b})" for a, b in INIT_METHOD_ALIASES.items())
+            raise UsageError(f"unknown --init {self.init!r}; choose one of: {', '.join(inits)}{aliases}")
+        atts = known_attention_names()
+        if self.attention not in atts:
+            raise UsageError(f"unknown --attention {self.attention!r}; choose one of: {', '.join(atts)}")
+
+    def condinit_dict(self, seed: int) -> dict[str, Any]:
+        """The ``condinit=`` dict for ``from_config``: method, seed, and every option the user set.
+
+        Validated through ``CondInitConfig`` so a bad option (e.g. ``--value_init diagonal``) fails here, and an
+        option the method or ``--attention`` never reads (``--init mimetic --value_init per_head``) is refused.
+        """
+        out: dict[str, Any] = {"method": self.init, "seed": self.condinit_seed if self.condinit_seed is not None else seed}
+        for name in self._OPTION_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        from hf_condinit.config import CondInitConfig, check_options_apply
+
+        with user_errors():
+            CondInitConfig.from_dict(dict(out))  # raises with the accepted values
+            check_options_apply(out, attention=self.attention)
+        return out

@@ -1,0 +1,57 @@
+"""User errors of the scripts: :class:`UsageError`, :func:`user_errors`, :func:`run_main`.
+
+A user error (bad flag, missing or bad file, impossible combination) prints one line ``<script>: error: ...`` on
+stderr and exits 2, as argparse does; a real bug keeps its traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Callable
+
+
+class UsageError(ValueError):
+    """A user error: a bad flag value, a missing or unreadable file, an impossible combination.
+
+    :func:`run_main` prints it as one line and exits 2 (argparse's convention); any other exception is a bug and
+    keeps its traceback. A ``ValueError`` subclass, so ``pytest.raises(ValueError)`` and callers catching
+    ``ValueError`` keep working."""
+
+
+@contextlib.contextmanager
+def user_errors(output_dir: str | None = None):
+    """Treat the ``ValueError`` / ``OSError`` raised inside the block as user errors (:class:`UsageError`).
+
+    Wrap the checks a script makes before any model work (flags, files, data loading). With ``output_dir``: when the
+    block raises a user error and the directory did not exist on entry, it is removed, so a failed start leaves
+    nothing behind (e.g. a tokenizer saved before the data turned out too short)."""
+    existed = output_dir is None or os.path.exists(output_dir)
+    try:
+        yield
+    except Exception as err:
+        if not isinstance(err, (UsageError, ValueError, OSError)):
+            raise
+        if not existed and os.path.isdir(output_dir):
+            shutil.rmtree(output_dir, ignore_errors=True)
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(str(err)) from err
+
+
+def run_main(main: Callable, argv: list[str] | None = None, prog: str | None = None):
+    """Run a script's ``main(argv)``: a :class:`UsageError` becomes ``<prog>: error: <message>`` (one line) on stderr
+    and exit code 2; a :class:`hf_condinit.callbacks.NonFiniteLossError` one line and exit code 1; everything else
+    propagates with its traceback. Use as ``if __name__ == "__main__": run_main(main)``."""
+    from ..callbacks import NonFiniteLossError
+
+    prog = prog or os.path.basename(sys.argv[0])
+    try:
+        return main(argv)
+    except UsageError as err:
+        print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)
+    except NonFiniteLossError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,152 @@
+"""The range of every numeric flag the scripts accept, checked right after parsing, before any work.
+
+A value out of range would otherwise crash mid-run (``--learning_rate -0.001``: a torch traceback after the
+tokenizer was trained and saved; ``--per_device_train_batch_size 0``) or be taken silently (``--weight_decay -0.1``).
+:data:`FLAG_RANGES` holds one rule per flag name, whichever dataclass the flag lives in (``TrainingArguments``, a
+script's model / data arguments, :class:`~hf_condinit.scripts.arguments.CondInitArguments`); every numeric flag
+must also be finite. Choice flags are checked where they are parsed: argparse's ``choices``, ``TrainingArguments``'
+enums (``--lr_scheduler_type``, ``--optim``, the strategies), :meth:`CondInitArguments.validate_names` and
+``CondInitConfig`` for the method options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class Range:
+    """An allowed interval ``[low, high]`` (``low_open`` / ``high_open``: the end itself excluded; ``None``: no
+    bound), plus ``also`` (sentinel values outside it, such as ``max_steps = -1``) and ``integer_above_one`` (a float
+    flag whose value, from 1 on, must be a whole number: ``warmup_steps`` is a fraction below 1, a step count above)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    also: tuple = ()
+    integer_above_one: bool = False
+
+    def allows(self, value) -> bool:
+        if value in self.also:
+            return True
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+            return False
+        return not (self.integer_above_one and value >= 1 and value != int(value))
+
+    def describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        else:
+            text = f"{'<' if self.high_open else '<='} {self.high:g}"
+        if self.integer_above_one:
+            text += " (below 1: a fraction of the training steps; from 1: a whole number of steps)"
+        return text + "".join(f" or {v}" for v in self.also)
+
+
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_ONE = Range(1)
+UNIT = Range(0, 1)  # a probability or a fraction
+SEED = Range(0, 2**32 - 1)  # numpy's seed range (HF's set_seed seeds numpy too)
+STEPS = Range(0, low_open=True, integer_above_one=True)  # logging/save/eval steps: < 1 is a fraction of the run
+
+#: flag name → allowed values. A flag whose value is ``None`` (not set) is never checked.
+FLAG_RANGES: dict[str, Range] = {
+    # TrainingArguments (optimiser)
+    "learning_rate": NON_NEGATIVE,  # 0 is allowed: a run that must leave the weights as built (tests use it)
+    "weight_decay": NON_NEGATIVE,
+    "adam_beta1": Range(0, 1, high_open=True),
+    "adam_beta2": Range(0, 1, high_open=True),
+    "adam_epsilon": NON_NEGATIVE,
+    "max_grad_norm": NON_NEGATIVE,  # 0: no clipping
+    "label_smoothing_factor": Range(0, 1, high_open=True),
+    "neftune_noise_alpha": NON_NEGATIVE,
+    # TrainingArguments (length of the run, batches)
+    "warmup_steps": Range(0, integer_above_one=True),
+    "num_train_epochs": POSITIVE,
+    "max_steps": Range(1, also=(-1,)),  # -1: --num_train_epochs decides
+    "per_device_train_batch_size": AT_LEAST_ONE,
+    "per_device_eval_batch_size": AT_LEAST_ONE,
+    "gradient_accumulation_steps": AT_LEAST_ONE,
+    "eval_accumulation_steps": AT_LEAST_ONE,
+    "torch_empty_cache_steps": AT_LEAST_ONE,
+    "logging_steps": STEPS,
+    "eval_steps": STEPS,
+    "save_steps": STEPS,
+    "eval_delay": NON_NEGATIVE,
+    "save_total_limit": AT_LEAST_ONE,
+    "seed": SEED,
+    "data_seed": SEED,
+    "dataloader_num_workers": NON_NEGATIVE,
+    "dataloader_prefetch_factor": AT_LEAST_ONE,
+    "ddp_bucket_cap_mb": AT_LEAST_ONE,
+    "ddp_timeout": POSITIVE,
+    "local_rank": Range(-1),  # set by the launchers
+    # the scripts' data and model flags
+    "tokenizer_vocab_size": AT_LEAST_ONE,
+    "validation_split_percentage": Range(0, 100, high_open=True),
+    "train_val_split": Range(0, 1, high_open=True),
+    "block_size": AT_LEAST_ONE,
+    "max_seq_length": AT_LEAST_ONE,
+    "max_train_samples": AT_LEAST_ONE,
+    "max_eval_samples": AT_LEAST_ONE,
+    "max_predict_samples": AT_LEAST_ONE,
+    "preprocessing_num_workers": AT_LEAST_ONE,
+    "mlm_probability": Range(0, 1, low_open=True, high_open=True),
+    "random_crop_padding": NON_NEGATIVE,
+    "synthetic_train_examples": AT_LEAST_ONE,
+    "synthetic_eval_examples": AT_LEAST_ONE,
+    "mqar_pairs": AT_LEAST_ONE,
+    "mqar_queries": AT_LEAST_ONE,
+    "mqar_keys": AT_LEAST_ONE,
+    "mqar_values": AT_LEAST_ONE,
+    # CondInitArguments (CondInitConfig checks the method options again, with the same bounds)
+    "condinit_seed": SEED,
+    "qk_gain": POSITIVE,
+    "v_gain": POSITIVE,
+    "spectral_lambda": NON_NEGATIVE,
+    "affine_rho": UNIT,
+    "precond_eps": POSITIVE,
+    "log_condition_number_every": NON_NEGATIVE,
+    "condition_number_probe_size": AT_LEAST_ONE,
+    "condition_number_probe_length": Range(2),  # κ of a 1-token causal head is trivially 1
+}
+
+#: Numeric flags with no range beyond being finite: the mimetic coefficients (the paper's are 0.7 / 0.4; any real
+#: value defines a target) and the sign of the VO identity (``CondInitConfig`` accepts only -1 / +1).
+FREE_NUMERIC_FLAGS = frozenset({"mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2", "mimetic_beta2", "mimetic_vo_sign"})
+
+
+def numeric_fields(dataclass_type) -> list[str]:
+    """Names of the ``int`` / ``float`` fields of ``dataclass_type`` (``bool`` excluded; ``X | None`` included)."""
+    out = []
+    for f in dataclasses.fields(dataclass_type):
+        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        words = set(text.replace("|", " ").replace("[", " ").replace("]", " ").replace(",", " ").split())
+        if f.init and words & {"int", "float"} and "bool" not in words and "list" not in words and "dict" not in words:
+            out.append(f.name)
+    return out
+
+
+def check_numeric_flags(parsed) -> None:
+    """Raise a :class:`UsageError` naming the first numeric flag of the parsed dataclasses ``parsed`` that is not
+    finite or outside its :data:`FLAG_RANGES` rule, with the allowed values."""
+    for args in parsed:
+        for name in numeric_fields(type(args)):
+            value = getattr(args, name, None)
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not math.isfinite(value):
+                raise UsageError(f"--{name} {value}: must be a finite number.")
+            rule = FLAG_RANGES.get(name)
+            if rule is not None and not rule.allows(value):
+                raise UsageError(f"--{name} {value:g}: must be {rule.describe()}.")
