@@ -118,6 +118,7 @@ def test_a_failing_implementation_of_part_c_leaves_the_others_rows(monkeypatch):
         return real(impl, seq, args)
 
     monkeypatch.setattr(attention_speed, "build", build)
+    monkeypatch.setattr(speed, "SPEED_IMPLS", ("sdpa", "attention_sink", "affine_scaled"))  # before and after it
     rows, record = _rows()
     speed.part_c(SMOKE_CTX, record)
     for kind in ("kernels", "speed"):
@@ -137,6 +138,7 @@ def test_a_failing_arm_of_part_d_leaves_the_others_rows(monkeypatch):
         return real(torch_, label, *args, **kwargs)
 
     monkeypatch.setattr(training, "train_arm", train_arm)
+    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(a for a in training.TRAIN_ARMS if "conditioned" not in a[0]))
     rows, record = _rows()
     training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 300}, record)
     train = [r for r in rows if r["kind"] == "train"]
