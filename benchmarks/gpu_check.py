@@ -14,9 +14,9 @@ with ``OUT/status.json`` that is four files in one folder. Within a part, every 
 on its own: an error (out of memory, a kernel that refuses) is one row with its message and the part goes on.
 
 a. **environment** (`_gpu_check/env.py`): device, Python / CUDA / torch / transformers / accelerate / deepspeed
-   versions, the dense bf16 peak from `hf_condinit.perf.PEAK_BF16_TFLOPS` (unknown devices say so), the SDPA backends
-   that run (head dim 64 and the attention sink's padded 72), a bf16 8192² matmul's TFLOP/s (≥ 10 warm-ups over ≥ 1 s,
-   median of 100 repetitions timed with CUDA events);
+   versions, the dense bf16 peak from `hf_condinit.perf.PEAK_BF16_TFLOPS` (unknown devices say so), the SDPA
+   backends that run (head dim 64 and the attention sink's padded 72), a bf16 8192² matmul's TFLOP/s (≥ 10
+   warm-ups over ≥ 1 s, median of 100 repetitions timed with CUDA events);
 b. **correctness on the device** (`_gpu_check/correctness.py`, judged by `_gpu_check/judge.py`): each attention
    variant's fast path against its naive N×N reference (`hf_condinit.attention.reference`) on GPT-2 (head dim 64),
    Llama (GQA) and BERT, fp32 and bf16, with and without padding — the output and every gradient, each tensor on its
