@@ -102,6 +102,9 @@ def _from_config(cls, config, **kwargs):
                                 or getattr(config, "_attn_implementation", None))
         resolved = resolve_condinit(value)
         config.condinit = resolved.to_dict() if resolved is not None else None
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if text is not config:  # multimodal: the language model, built (and initialised) as a sub-model, gets it
+            text.condinit = config.condinit
     model = _original("_from_config")(cls, config, **kwargs)
     cfg = api.resolved_condinit(model.config)
     if cfg is not None and any(api._is_zero3_param(p) for p in model.parameters()):
@@ -153,6 +156,7 @@ def _post_init(self) -> None:
             config.condinit = cfg.to_dict()
         if _needs_variant(config):
             if config._attn_implementation in ATTENTION_VARIANTS:
+                layout.check_variant(config, config._attn_implementation)
                 config.condinit_attention = config._attn_implementation
             _variant_hook("inject")(self, layout, config)
     _original("post_init")(self)

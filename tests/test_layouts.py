@@ -1,78 +1,81 @@
-"""Layouts: per-head views alias the real parameters, in math orientation, checked against the model's own forward.
+"""Layouts: every registered layout proved against the model's own forward; detection, refusals, geometry.
 
-The reference is independent of the layout code: an attention function registered with HF records the query/key/
-value tensors (B, H, N, d) the model itself produced, and a forward pre-hook records the input X; then
-X·W_q^h + b_q^h must equal the model's head-h query (at position 0 for q/k, where rotary embeddings are the
-identity; at every position for v).
+The reference is independent of the layout code (`hf_condinit.layouts.proof`): the model's own q/k/v/output as it
+passes them to its attention function (recorded at HF's attention interface, or from the block's batched products
+for models that compute attention inline) must change exactly in the head whose layout view was written.
 """
 
 import pytest
 import torch
-from transformers import AttentionInterface, AutoModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import AutoConfig, AutoModel
 
 import hf_condinit
-from hf_condinit.layouts import LayoutError, get_layout
+from hf_condinit.coverage import _auto_class, check_conditioned
+from hf_condinit.layouts import FusedQKVLayout, HeadGeometry, LayoutError, SeparateQKVLayout, get_layout
+from hf_condinit.layouts import detect
+from hf_condinit.layouts.fused import fused_starts
+from hf_condinit.layouts.miniature import build_miniature, miniature_inputs, shrink_config
+from hf_condinit.layouts.proof import prove_layout
 from hf_condinit.layouts.table import MODEL_TYPE_TO_LAYOUT
 from utils import MINI_CONFIGS, example_inputs, mini_config
 
-RECORDS = []
+_MINIS = {}
 
 
-def _recording_sdpa(module, query, key, value, attention_mask, **kwargs):
-    RECORDS.append((module, query.detach(), key.detach(), value.detach()))
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+def miniature(model_type):
+    """(model, inputs) for a model type: the test config of MINI_CONFIGS, else its shrunk default config (cached)."""
+    if model_type not in _MINIS:
+        torch.manual_seed(0)
+        if model_type in MINI_CONFIGS:
+            config = mini_config(model_type)
+            model = AutoModel.from_config(config).eval()
+            inputs = example_inputs(model_type, config)
+        else:
+            config = AutoConfig.for_model(model_type)
+            model = build_miniature(_auto_class(config)._model_mapping[type(config)], config)
+            inputs = miniature_inputs(model)
+        _MINIS[model_type] = (model, inputs)
+    return _MINIS[model_type]
 
 
-AttentionInterface.register("condinit_test_record", _recording_sdpa)
-AttentionMaskInterface.register("condinit_test_record", sdpa_mask)
-
-
-def test_every_registered_layout_has_a_mini_config():
-    assert set(MODEL_TYPE_TO_LAYOUT) <= set(MINI_CONFIGS)
-
-
-@pytest.mark.parametrize("model_type", sorted(MINI_CONFIGS))
-def test_head_views_match_the_models_own_projections(model_type):
-    torch.manual_seed(0)
-    config = mini_config(model_type)
-    model = AutoModel.from_config(config, attn_implementation="condinit_test_record").eval()
+@pytest.mark.parametrize("model_type", sorted(MODEL_TYPE_TO_LAYOUT))
+def test_every_registered_layout_is_proved_on_its_model(model_type):
+    model, inputs = miniature(model_type)
     layout = get_layout(model)
-    blocks = layout.attention_modules(model)
-    assert len(blocks) == 2
-    inputs_x = {}
-    handles = [
-        layout.core_module(block).register_forward_pre_hook(
-            lambda mod, args, kwargs, i=i: inputs_x.__setitem__(i, (args[0] if args else kwargs["hidden_states"])),
-            with_kwargs=True,
-        )
-        for i, (_, block) in enumerate(blocks)
-    ]
-    RECORDS.clear()
-    with torch.no_grad():
-        model(**example_inputs(model_type, config))
-    for h in handles:
-        h.remove()
-    assert len(RECORDS) == len(blocks)
-    for i, (_, block) in enumerate(blocks):
-        _, q_states, k_states, v_states = RECORDS[i]
-        projs = layout.projections(block)
-        x = inputs_x[i]
-        for role, states in (("q", q_states), ("k", k_states), ("v", v_states)):
-            proj = projs[role]
-            heads = proj.heads(proj.weight)
-            biases = proj.bias_heads(proj.bias) if proj.bias is not None else [0.0] * len(heads)
-            assert len(heads) == states.shape[1], (role, len(heads), states.shape)
-            positions = slice(0, 1) if role in ("q", "k") else slice(None)
-            for h, (w, b) in enumerate(zip(heads, biases)):
-                ours = (x @ w + b)[:, positions]
-                torch.testing.assert_close(ours, states[:, h, positions], rtol=1e-5, atol=1e-5)
-        o = projs["o"]
-        z = torch.randn(3, o.n_heads * o.head_dim)
-        ours = sum(z[:, h * o.head_dim : (h + 1) * o.head_dim] @ w for h, w in enumerate(o.heads(o.weight)))
-        ours = ours + (o.bias if o.bias is not None else 0.0)
-        torch.testing.assert_close(ours, o.module(z), rtol=1e-5, atol=1e-5)
+    assert layout is MODEL_TYPE_TO_LAYOUT[model_type]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    proof = prove_layout(model, layout, inputs)
+    assert proof.n_blocks == 2
+    if proof.via == "interface":  # variant holders attach where the model calls the attention function
+        assert proof.core == layout.core
+    # families whose attention is inline, or passes terms the variants lack, refuse the variants
+    assert (layout.refuse_variant(model.config) is not None) == (proof.via != "interface" or bool(proof.extra))
+    for n, p in model.named_parameters():  # the proof leaves the model exactly as it was
+        assert torch.equal(p, before[n]), n
+
+
+def test_wrong_layouts_fail_the_proof():
+    model, inputs = miniature("llama")
+    swapped = SeparateQKVLayout(q="q_proj", k="v_proj", v="k_proj", o="o_proj", name="kv_swapped")
+    with pytest.raises(LayoutError, match="does not change the model's k head 0"):
+        prove_layout(model, swapped, inputs)
+    model, inputs = miniature("gpt_neox")  # per-head interleaved storage read as [Q | K | V]
+    with pytest.raises(LayoutError, match="layout proof failed"):
+        prove_layout(model, FusedQKVLayout("query_key_value", "dense", storage="linear", name="w"), inputs)
+    model, inputs = miniature("codegen")  # CodeGen's [Q_c | V_c | K_c] chunks read as one [Q | K | V]
+    with pytest.raises(LayoutError, match="layout proof failed"):
+        prove_layout(model, FusedQKVLayout("qkv_proj", "out_proj", storage="linear", name="w"), inputs)
+
+
+def test_fused_starts_match_hand_written_orderings():
+    g = HeadGeometry(hidden=8, n_heads=4, n_kv_heads=2, head_dim=2)
+    assert fused_starts(g, "concat") == {"q": (0, 2, 4, 6), "k": (8, 10), "v": (12, 14)}
+    # Falcon's new decoder architecture: per KV group [q q k v]
+    assert fused_starts(g, "grouped") == {"q": (0, 2, 8, 10), "k": (4, 12), "v": (6, 14)}
+    h = HeadGeometry(hidden=8, n_heads=4, n_kv_heads=4, head_dim=2)
+    assert fused_starts(h, "grouped") == {"q": (0, 6, 12, 18), "k": (2, 8, 14, 20), "v": (4, 10, 16, 22)}
+    # CodeGen, 2 chunks: [q0 q1 v0 v1 k0 k1 | q2 q3 v2 v3 k2 k3]
+    assert fused_starts(h, "concat", "qvk", 2) == {"q": (0, 2, 12, 14), "v": (4, 6, 16, 18), "k": (8, 10, 20, 22)}
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "bert", "llama", "gpt_neox"])
@@ -90,38 +93,62 @@ def test_views_alias_the_parameters(model_type):
             proj.weight.copy_(before)
 
 
-def test_unknown_model_type_names_class_and_registration():
-    from transformers import T5Config, T5Model
-
-    model = T5Model(T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=32))
-    with pytest.raises(LayoutError, match=r"(?s)T5Model.*model_type=.t5.*register_layout"):
-        get_layout(model)
-    with pytest.raises(LayoutError, match="register_layout"):
-        hf_condinit.apply_init(model, "conditioned", seed=0)
-
-
-def test_from_config_on_unsupported_model_fails_before_training():
-    from transformers import AutoModel, T5Config
-
-    with pytest.raises(LayoutError, match="no attention layout"):
-        AutoModel.from_config(T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=32),
-                              condinit=True)
+def test_unregistered_type_gets_a_detected_proved_layout_and_variants_are_refused_with_the_reason():
+    assert "t5" not in MODEL_TYPE_TO_LAYOUT
+    small = shrink_config(AutoConfig.for_model("t5"))
+    model = AutoModel.from_config(small, condinit={"method": "conditioned", "seed": 0})
+    layout = get_layout(model)
+    assert layout.paths == {"q": "q", "k": "k", "v": "v", "o": "o"}
+    assert check_conditioned(model) == 6  # encoder self, decoder self and cross attention
+    assert "position_bias" in layout.refuse_variant(small)
+    with pytest.raises(LayoutError, match=r"attn_implementation='attention_sink' is not available.*position_bias"):
+        AutoModel.from_config(small, attn_implementation="attention_sink")
 
 
-def test_head_dim_mismatch_is_reported():
+@pytest.mark.parametrize("model_type, reason", [("mamba", "no softmax attention"),
+                                                ("deepseek_v3", "multi-head latent attention")])
+def test_refused_types_say_why_before_any_weight_is_written(model_type, reason):
+    from transformers import AutoModelForCausalLM
+
+    small = shrink_config(AutoConfig.for_model(model_type))
+    with pytest.raises(LayoutError, match=rf"(?s)model_type='{model_type}'.*{reason}"):
+        AutoModelForCausalLM.from_config(small, condinit=True)
+
+
+def test_unprovable_layout_is_refused_naming_type_and_registration(monkeypatch):
+    model, inputs = miniature("llama")
+    wrong = SeparateQKVLayout(q="q_proj", k="v_proj", v="k_proj", o="o_proj", name="kv_swapped")
+    monkeypatch.setattr(detect, "candidate_layouts", lambda m: [wrong])
+    with pytest.raises(LayoutError, match=r"(?s)could not prove.*model_type='llama'.*kv_swapped.*register_layout"):
+        detect.detect_layout(model, inputs)
+
+
+def test_geometry_is_read_from_the_attention_module():
     model = AutoModel.from_config(mini_config("llama"))
     layout = get_layout(model)
     _, block = layout.attention_modules(model)[0]
-    wrong = mini_config("llama", num_attention_heads=8, num_key_value_heads=2, head_dim=8)
-    with pytest.raises(LayoutError, match="does not hold 8 heads of dimension 8"):
-        layout.geometry(block, wrong)
-    not_divisible = mini_config("gpt2")
-    not_divisible.n_head = 5
-    _, gblock = get_layout(not_divisible).attention_modules(AutoModel.from_config(mini_config("gpt2")))[0]
+    g = layout.geometry(block, model.config)
+    assert (g.hidden, g.n_heads, g.n_kv_heads, g.head_dim) == (32, 4, 2, 8)
+    block.head_dim = 4  # the module's own value wins over the config's, and is checked against the weights
+    with pytest.raises(LayoutError, match="does not hold 4 heads of dimension 4"):
+        layout.geometry(block, model.config)
+    gpt2 = AutoModel.from_config(mini_config("gpt2"))
+    _, gblock = get_layout(gpt2).attention_modules(gpt2)[0]
+    gblock.num_heads, gblock.head_dim = 5, None
     with pytest.raises(LayoutError, match="not divisible by 5 heads"):
-        get_layout(not_divisible).geometry(gblock, not_divisible)
+        get_layout(gpt2).geometry(gblock, gpt2.config)
 
 
 def test_register_layout_refuses_silent_overwrite():
     with pytest.raises(ValueError, match="already registered"):
         hf_condinit.register_layout("gpt2", MODEL_TYPE_TO_LAYOUT["bert"])
+
+
+@pytest.mark.parametrize("flags", [dict(new_decoder_architecture=True, num_kv_heads=2),
+                                   dict(multi_query=False), dict(alibi=True)], ids=str)
+def test_falcon_layout_follows_each_blocks_flags(flags):
+    from transformers import FalconConfig, FalconModel
+
+    model = build_miniature(FalconModel, FalconConfig(**flags))
+    proof = prove_layout(model, get_layout(model), miniature_inputs(model))
+    assert proof.via == "interface"

@@ -23,20 +23,22 @@ __all__ = [
 
 
 def get_layout(model_or_config) -> AttentionLayout:
-    """The layout adapter for a model (or config), by ``config.model_type``.
+    """The layout adapter for a model (or config): the registered one for ``config.model_type``, else one detected
+    from the attention modules' names and proved on a miniature of the same model class (`detect`).
 
     Raises:
-        LayoutError: for a model type with no registered layout, naming the model class, the supported types and
-            how to register one.
+        LayoutError: for a model type that is refused (MLA, no softmax attention) or whose layout could not be
+            proved, naming the model type, the reason and how to register a layout.
     """
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
     if model_type in LAYOUTS:
         return LAYOUTS[model_type]
-    owner = type(model_or_config).__name__
-    raise LayoutError(
-        f"hf_condinit has no attention layout for {owner} (model_type={model_type!r}). Supported model types: "
-        f"{', '.join(sorted(LAYOUTS))}. To add one, describe where q/k/v/o live, e.g.\n"
-        "    hf_condinit.register_layout('my_type', hf_condinit.layouts.SeparateQKVLayout("
-        "q='attn.q', k='attn.k', v='attn.v', o='attn.out'))"
-    )
+    from .detect import detected_layout
+
+    try:
+        return detected_layout(model_or_config)
+    except LayoutError as err:
+        owner = type(model_or_config).__name__
+        raise LayoutError(f"hf_condinit has no attention layout for {owner} (model_type={model_type!r}): {err}") \
+            from None

@@ -57,17 +57,18 @@ class HeadGeometry:
 class Projection:
     """One role (``"q"``, ``"k"``, ``"v"`` or ``"o"``) of one attention module.
 
-    Head h of a q/k/v role occupies positions ``offset + h * stride`` … ``+ head_dim`` of the module's *output* axis
-    (contiguous: ``stride = head_dim``; per-head interleaved ``[q_h; k_h; v_h]``: ``stride = 3 * head_dim``).
-    Head h of the ``"o"`` role occupies the same positions of the module's *input* axis.
+    Head h of a q/k/v role occupies positions ``starts[h]`` … ``starts[h] + head_dim`` of the module's *output*
+    axis (``starts=None``: contiguous heads, ``starts[h] = h·head_dim``; fused layouts give explicit starts, see
+    `hf_condinit.layouts.fused`). Head h of the ``"o"`` role occupies the same positions of the module's *input*
+    axis.
 
     Attributes:
         module: the module computing ``y = x·W (+ b)`` for this role (the fused module for fused layouts).
         role: ``"q"``, ``"k"``, ``"v"`` or ``"o"``.
-        n_heads: heads of this role (KV heads for k/v under GQA).
+        n_heads: heads of this role (KV heads for k/v under GQA/MQA).
         head_dim: d.
         storage: ``"linear"`` (weight is (out, in)) or ``"conv1d"`` (weight is (in, out)).
-        offset, stride: see above.
+        starts: where each head begins on the head axis (None = contiguous from 0).
     """
 
     module: nn.Module
@@ -75,8 +76,7 @@ class Projection:
     n_heads: int
     head_dim: int
     storage: str
-    offset: int = 0
-    stride: int | None = None
+    starts: tuple[int, ...] | None = None
 
     @property
     def weight(self) -> nn.Parameter:
@@ -87,8 +87,9 @@ class Projection:
         return getattr(self.module, "bias", None)
 
     def _starts(self) -> Iterator[int]:
-        stride = self.head_dim if self.stride is None else self.stride
-        return (self.offset + h * stride for h in range(self.n_heads))
+        if self.starts is not None:
+            return iter(self.starts)
+        return (h * self.head_dim for h in range(self.n_heads))
 
     @property
     def head_axis(self) -> int:
@@ -116,25 +117,90 @@ class Projection:
         return F.linear(x, t) if self.storage == "linear" else x @ t
 
 
+# Attributes under which HF attention modules keep their geometry (first found wins), in order of preference.
+_HEADS_ATTRS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
+_KV_HEADS_ATTRS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
+_HEAD_DIM_ATTRS = ("head_dim", "attention_head_size", "head_size")
+
+
+def _int_attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def text_scope(model: nn.Module) -> str | None:
+    """Dotted path of the language model inside a multimodal model (``config.text_config``), else None.
+
+    The language model is the outermost submodule that is a `PreTrainedModel` whose config has the text config's
+    ``model_type``; models without a separate text config (every text-only model) give None (the whole model).
+    """
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return None
+    text = config.get_text_config()
+    if text is config or getattr(text, "model_type", None) == getattr(config, "model_type", None):
+        return None
+    for name, module in model.named_modules():
+        sub = getattr(module, "config", None)
+        if name and module is not model and sub is not None and hasattr(module, "post_init") \
+                and getattr(sub, "model_type", None) == text.model_type:
+            return name
+    return None
+
+
 class AttentionLayout:
     """Base class of layout adapters: one instance per family, selected by ``config.model_type``.
 
     Subclasses implement `_is_attention_block` and `_projections`. ``core`` names the submodule (dotted path,
     ``""`` = the block itself) that calls HF's attention interface: attention-variant holders attach there.
+    ``variant_refusal`` (None, or the reason) says why the attention variants cannot run on this family (its
+    attention does not go through HF's attention interface, or it adds terms the variants do not implement).
     """
 
     name: str = "base"
     core: str = ""
+    variant_refusal: str | None = None
 
     def _is_attention_block(self, module: nn.Module) -> bool:
         raise NotImplementedError
+
+    def refuse_variant(self, config) -> str | None:
+        """Why the attention variants cannot run on a model of this family with this config (None: they can)."""
+        if self.variant_refusal:
+            return self.variant_refusal
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        cap = getattr(text, "attn_logit_softcapping", None)
+        if cap is not None:
+            return (f"its attention logits are soft-capped (attn_logit_softcapping={cap}), which the variants do "
+                    "not implement")
+        return None
+
+    def check_variant(self, config, implementation: str) -> None:
+        """Raise `LayoutError` (before any model work) when ``implementation`` cannot run on this family."""
+        reason = self.refuse_variant(config)
+        if reason:
+            raise LayoutError(
+                f"attn_implementation={implementation!r} is not available for model_type="
+                f"{getattr(config, 'model_type', None)!r}: {reason}. Build it without the variant (conditioned / "
+                "mimetic init and spectral conditioning still apply)."
+            )
 
     def _projections(self, module: nn.Module, g: HeadGeometry) -> dict[str, Projection]:
         raise NotImplementedError
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        """The attention blocks of ``model`` in model order; the list index is the layer ordinal."""
-        return [(name, m) for name, m in model.named_modules() if self._is_attention_block(m)]
+        """The attention blocks of ``model`` in model order; the list index is the layer ordinal.
+
+        In a multimodal model (a config with a separate ``text_config``) only the language model's blocks count
+        (`text_scope`): the init and the variants apply to the language model, the other towers keep their own.
+        """
+        scope = text_scope(model)
+        prefix = f"{scope}." if scope else ""
+        return [(name, m) for name, m in model.named_modules()
+                if name.startswith(prefix) and self._is_attention_block(m)]
 
     def core_module(self, module: nn.Module) -> nn.Module:
         """The submodule of attention block ``module`` that runs the attention function."""
@@ -143,7 +209,7 @@ class AttentionLayout:
     def projections(self, module: nn.Module, geometry: HeadGeometry | None = None) -> dict[str, Projection]:
         """Map ``"q"``, ``"k"``, ``"v"``, ``"o"`` to the `Projection` of attention block ``module``.
 
-        Without ``geometry`` it is read from the ``config`` attribute of the block (or of its core module).
+        Without ``geometry`` it is read from the block (and the ``config`` attribute of the block or its core).
         """
         if geometry is None:
             geometry = self.geometry(module, self._module_config(module))
@@ -158,13 +224,31 @@ class AttentionLayout:
             "(layout.projections(module, layout.geometry(module, model.config)))."
         )
 
+    def _hidden_from_weights(self, module: nn.Module) -> int | None:
+        """D read from the query projection's input axis (None when the layout cannot say before geometry)."""
+        return None
+
     def geometry(self, module: nn.Module, config) -> HeadGeometry:
-        """Head geometry from the (text) config, checked against the real projection shapes."""
+        """Head geometry of attention block ``module``, checked against the real projection shapes.
+
+        Read from the attention module first, where HF keeps the per-layer values (``num_heads``,
+        ``num_key_value_heads`` or ``num_key_value_groups``, ``head_dim`` on the block or its core module, and
+        D from the query projection's input), then from the (text) config: per-layer head dimensions and
+        sliding/global mixes get each layer's own geometry.
+        """
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        hidden = config.hidden_size
-        n_heads = config.num_attention_heads
-        n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-        head_dim = getattr(config, "head_dim", None)
+        core = self.core_module(module)
+        owners = (core, module) if core is not module else (module,)
+        hidden = self._hidden_from_weights(module) or config.hidden_size
+        n_heads = next((v for m in owners if (v := _int_attr(m, _HEADS_ATTRS))), None)
+        n_heads = n_heads or config.num_attention_heads
+        n_kv = next((v for m in owners if (v := _int_attr(m, _KV_HEADS_ATTRS))), None)
+        if n_kv is None:
+            groups = next((v for m in owners if (v := _int_attr(m, ("num_key_value_groups",)))), None)
+            n_kv = n_heads // groups if groups and n_heads % groups == 0 else None
+        n_kv = n_kv or getattr(config, "num_key_value_heads", None) or n_heads
+        head_dim = next((v for m in owners if (v := _int_attr(m, _HEAD_DIM_ATTRS))), None)
+        head_dim = head_dim or getattr(config, "head_dim", None)
         if head_dim is None:
             if hidden % n_heads:
                 raise LayoutError(

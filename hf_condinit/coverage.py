@@ -1,0 +1,443 @@
+"""Which model types of the installed transformers take each init and each attention variant, measured.
+
+``python -m hf_condinit.coverage [--types a b ...] [--out docs/coverage.md] [--readme README.md]``: for every model
+type (or the ones given), builds a miniature of its default config (`hf_condinit.layouts.miniature`: 2 layers,
+64 wide; class tried in the order masked LM, causal LM, base model), finds its layout (registered, or detected),
+proves it on the miniature (`hf_condinit.layouts.proof`), then
+
+- for each init (``conditioned``, ``mimetic``): builds the model with ``condinit=`` through ``from_config``,
+  checks the written weights (`check_conditioned`: per-head QᵀQ = KᵀK = I and V = the block identity, zero q/k/v
+  biases; `check_mimetic`: per group W_Q W_Kᵀ = the best rank-d approximation of the redrawn target, and Σ_h W_V W_O
+  = the best rank-(H_kv·d) approximation of the VO target), and runs a forward and a backward pass (finite loss and
+  gradients, a gradient on W_Q);
+- for each variant (``affine_scaled``, ``attention_sink``, ``preconditioned``, ``spectral``): refused with the reason
+  when the family cannot take it (`AttentionLayout.refuse_variant`), else built with it, a forward/backward pass,
+  and, for causal LMs, a check that no output depends on a later token.
+
+It prints one row per type and writes the table as markdown: init ok / which variants ok / why not. Types that do
+not build from a shrunk default config (or whose main input is neither token ids nor pixels) are listed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+from torch import nn
+
+INITS = ("conditioned", "mimetic")
+VARIANTS = ("affine_scaled", "attention_sink", "preconditioned", "spectral")
+SEED = 0
+SEED_STRIDE = 1_000_003  # block generator seed = seed * SEED_STRIDE + ordinal (hf_condinit.api)
+
+__all__ = ["Row", "check_conditioned", "check_mimetic", "cover", "run", "to_markdown", "main"]
+
+
+@dataclass
+class Row:
+    """One model type's result. ``status``: ``"supported"`` (both inits ok), ``"refused"`` (with ``reason``),
+    ``"failed"`` (an init or check failed: ``reason``), ``"not built"`` (no miniature: not counted)."""
+
+    model_type: str
+    model_class: str = ""
+    status: str = "not built"
+    layout: str = ""
+    source: str = ""
+    via: str = ""
+    inits: dict[str, str] = field(default_factory=dict)
+    variants: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+    seconds: float = 0.0
+
+
+def _short(err: BaseException | str, n: int = 240) -> str:
+    text = str(err).replace("\n", " ").replace("|", "/")
+    return (text[: n - 1] + "…") if len(text) > n else text
+
+
+def _auto_class(config):
+    """The first Auto class (masked LM, causal LM, base model) that maps ``config``, or None."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    for auto in (AutoModelForMaskedLM, AutoModelForCausalLM, AutoModel):
+        if type(config) in auto._model_mapping:
+            return auto
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- weight checks
+def _blocks(model):
+    """(ordinal, geometry, projections) per attention block. The ordinal is the block's index inside the innermost
+    `PreTrainedModel` holding it, the one whose init pass wrote it (T5's encoder and decoder stacks, a multimodal
+    model's language model are initialised as their own models)."""
+    from transformers import PreTrainedModel
+
+    from .layouts import get_layout
+
+    layout = get_layout(model)
+    owners = [name for name, m in model.named_modules() if isinstance(m, PreTrainedModel)]
+    seen: dict[str, int] = {}
+    for name, block in layout.attention_modules(model):
+        owner = max((o for o in owners if not o or name.startswith(o + ".")), key=len)
+        ordinal = seen[owner] = seen.get(owner, -1) + 1
+        g = layout.geometry(block, model.config)
+        yield ordinal, g, layout.projections(block, g)
+
+
+def check_conditioned(model: nn.Module, qk_gain: float = 1.0, v_gain: float = 1.0, tol: float = 1e-4) -> int:
+    """Assert conditioned init on the real weights; return the number of blocks checked.
+
+    Per query (key) head: W^ᵀW = qk_gain²·I (D, d) semi-orthogonal; per KV head j: W_V^j = v_gain·E_j with E_j the
+    (D, d) identity block at rows [j·d, (j+1)·d) mod D; q/k/v biases zero."""
+    n = 0
+    for _, g, projs in _blocks(model):
+        n += 1
+        for role in ("q", "k"):
+            for h, w in enumerate(projs[role].heads(projs[role].weight.detach().double())):
+                err = (w.T @ w - qk_gain**2 * torch.eye(g.head_dim, dtype=w.dtype)).abs().max()
+                assert err <= tol, f"{role} head {h}: |WᵀW − I| = {err:.2e}"
+        d = g.head_dim
+        for j, w in enumerate(projs["v"].heads(projs["v"].weight.detach().double())):
+            expected = torch.zeros_like(w)
+            expected[(j * d + torch.arange(d)) % g.hidden, torch.arange(d)] = v_gain
+            assert torch.equal(w, expected), f"V head {j} is not the identity block"
+        for role in ("q", "k", "v"):
+            if projs[role].bias is not None:
+                for b in projs[role].bias_heads(projs[role].bias.detach()):
+                    assert torch.count_nonzero(b) == 0, f"{role} bias not zero"
+    return n
+
+
+def _rank_truncation(a: torch.Tensor, r: int) -> torch.Tensor:
+    u, s, vh = torch.linalg.svd(a.double())
+    return (u[:, :r] * s[:r]) @ vh[:r]
+
+
+def check_mimetic(model: nn.Module, seed: int = SEED, tol: float = 1e-4) -> int:
+    """Assert mimetic init on the real weights against targets redrawn from the block's own generator; return the
+    number of blocks checked. Per KV group: W_Q^h W_K^gᵀ (h the group's first head) equals the best rank-d
+    approximation of h's target; Σ_h W_V^{g(h)} W_O^h equals the best rank-(H_kv·d) approximation of the VO target
+    (relative Frobenius error ≤ tol)."""
+    from .config import CondInitConfig
+    from .init.functional import mimetic_target
+
+    cfg = CondInitConfig(method="mimetic", seed=seed)
+    n = 0
+    for ordinal, g, projs in _blocks(model):
+        n += 1
+        gen = torch.Generator().manual_seed(seed * SEED_STRIDE + ordinal)
+        qk = [mimetic_target(g.hidden, cfg.mimetic_alpha1, cfg.mimetic_beta1, 1, cfg.mimetic_dist, gen)
+              for _ in range(g.n_heads)]
+        vo = mimetic_target(g.hidden, cfg.mimetic_alpha2, cfg.mimetic_beta2, cfg.mimetic_vo_sign, cfg.mimetic_dist,
+                            gen)
+        group = g.n_heads // g.n_kv_heads
+        q = projs["q"].heads(projs["q"].weight.detach().double())
+        k = projs["k"].heads(projs["k"].weight.detach().double())
+        for h in range(0, g.n_heads, group):
+            want = _rank_truncation(qk[h], g.head_dim)
+            err = (q[h] @ k[h // group].T - want).norm() / want.norm()
+            assert err <= tol, f"QK product of head {h}: relative error {err:.2e}"
+        v = projs["v"].heads(projs["v"].weight.detach().double())
+        o = projs["o"].heads(projs["o"].weight.detach().double())
+        product = sum(v[h // group] @ o[h] for h in range(g.n_heads))
+        want = _rank_truncation(vo, g.n_kv_heads * g.head_dim)
+        err = (product - want).norm() / want.norm()
+        assert err <= tol, f"VO product: relative error {err:.2e}"
+    return n
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def _first_tensor(output) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if hasattr(output, "values") else output
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return v
+    raise RuntimeError("the model returned no floating-point tensor")
+
+
+def _forward_backward(model: nn.Module, inputs: dict) -> None:
+    model.train()
+    out = _first_tensor(model(**inputs))
+    loss = out.float().pow(2).mean()
+    if not torch.isfinite(loss):
+        raise AssertionError(f"non-finite loss {loss.item()}")
+    loss.backward()
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    if bad:
+        raise AssertionError(f"non-finite gradients in {bad[:3]}")
+    _, _, projs = next(_blocks(model))
+    if projs["q"].weight.grad is None or not projs["q"].weight.grad.abs().sum() > 0:
+        raise AssertionError("no gradient reaches W_Q")
+    model.eval()
+
+
+def _no_future_leak(model: nn.Module, inputs: dict) -> None:
+    """Causal LMs: changing the last token must leave every earlier position's output unchanged."""
+    ids = inputs["input_ids"]
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % model.config.get_text_config().vocab_size
+    with torch.no_grad():
+        a = _first_tensor(model(**{**inputs, "input_ids": ids}))[:, :-1]
+        b = _first_tensor(model(**{**inputs, "input_ids": changed}))[:, :-1]
+    if not torch.allclose(a, b, atol=1e-5, rtol=1e-5):
+        raise AssertionError("an output depends on a later token")
+
+
+def _build(auto, config, **kwargs):
+    torch.manual_seed(SEED)
+    return auto.from_config(config, dtype=torch.float32, **kwargs).eval()
+
+
+def cover(model_type: str) -> Row:
+    """Measure one model type (see the module docstring)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from .layouts import LAYOUTS, LayoutError
+    from .layouts import detect
+    from .layouts.miniature import build_miniature, miniature_inputs, shrink_config
+    from .layouts.proof import prove_layout
+
+    row = Row(model_type)
+    start = time.perf_counter()
+    try:
+        try:
+            config = AutoConfig.for_model(model_type)
+            auto = _auto_class(config)
+            if auto is None:
+                row.reason = "no model class"
+                return row
+            model_class = auto._model_mapping[type(config)]
+            row.model_class = model_class.__name__
+            small = shrink_config(config)
+            mini = build_miniature(model_class, config)
+            inputs = miniature_inputs(mini)
+        except Exception as err:
+            row.reason = f"does not build from a shrunk default config ({type(err).__name__}: {_short(err, 160)})"
+            return row
+        if inputs is None:
+            row.reason = f"no input recipe for main input {mini.main_input_name!r}"
+            return row
+        reason = detect.refusal_reason(config)
+        if reason:
+            row.status, row.reason = "refused", reason
+            return row
+        try:
+            if model_type in LAYOUTS:
+                layout, row.source = LAYOUTS[model_type], "table"
+                proof = prove_layout(mini, layout, inputs)
+            else:
+                layout, proof = detect.detect_layout(mini, inputs)
+                row.source = "detected"
+                detect._CACHE[(model_type, model_class.__name__, transformers.__version__)] = (layout, None)
+        except LayoutError as err:
+            row.status, row.reason = "refused", _short(err, 400)
+            return row
+        row.layout, row.via = layout.name, proof.via
+        del mini
+        for method in INITS:
+            try:
+                model = _build(auto, small, condinit={"method": method, "seed": SEED})
+                (check_conditioned if method == "conditioned" else check_mimetic)(model)
+                _forward_backward(model, inputs)
+                row.inits[method] = "ok"
+            except Exception as err:
+                row.inits[method] = f"failed: {type(err).__name__}: {_short(err)}"
+        ok = all(v == "ok" for v in row.inits.values())
+        row.status = "supported" if ok else "failed"
+        if not ok:
+            row.reason = "; ".join(f"{m}: {v}" for m, v in row.inits.items() if v != "ok")
+        causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_class.__name__.endswith("CausalLM")
+        for variant in VARIANTS:
+            refusal = None if variant == "spectral" else layout.refuse_variant(small)
+            if refusal:
+                row.variants[variant] = f"refused: {refusal}"
+                continue
+            try:
+                if variant == "spectral":
+                    model = _build(auto, small, condinit={"method": "conditioned", "seed": SEED,
+                                                                 "spectral_lambda": 1.0})
+                else:
+                    model = _build(auto, small, condinit={"method": "conditioned", "seed": SEED},
+                                   attn_implementation=variant)
+                _forward_backward(model, inputs)
+                if causal and not getattr(small, "is_encoder_decoder", False):
+                    _no_future_leak(model, inputs)
+                row.variants[variant] = "ok"
+            except Exception as err:
+                row.variants[variant] = f"failed: {type(err).__name__}: {_short(err)}"
+    except Exception as err:  # a bug of this tool or of the model: reported, the run goes on
+        row.status, row.reason = "failed", f"{type(err).__name__}: {_short(err)} ({_short(traceback.format_exc(-1))})"
+    finally:
+        row.seconds = time.perf_counter() - start
+    return row
+
+
+def all_model_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return sorted(CONFIG_MAPPING_NAMES)
+
+
+def run(model_types: list[str], progress: bool = True, timeout: int = 120) -> list[Row]:
+    rows = []
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    iterator = tqdm(model_types, desc="coverage", disable=not progress) if tqdm else model_types
+    for model_type in iterator:
+        rows.append(_cover_with_timeout(model_type, timeout))
+    return rows
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def _cover_with_timeout(model_type: str, timeout: int) -> Row:
+    """`cover` stopped after ``timeout`` seconds (main thread on POSIX; no limit elsewhere)."""
+    import signal
+
+    if timeout <= 0 or not hasattr(signal, "SIGALRM"):
+        return cover(model_type)
+
+    def stop(signum, frame):
+        raise _Timeout(f"took longer than {timeout} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(timeout)
+    try:
+        return cover(model_type)
+    except _Timeout as err:
+        return Row(model_type, status="not built", reason=f"coverage run stopped: {err}", seconds=timeout)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def counts(rows: list[Row]) -> dict[str, int]:
+    built = [r for r in rows if r.status != "not built"]
+    out = {"types": len(rows), "built": len(built), "init": sum(r.status == "supported" for r in rows)}
+    for method in INITS:
+        out[method] = sum(r.inits.get(method) == "ok" for r in rows)
+    for variant in VARIANTS:
+        out[variant] = sum(r.variants.get(variant) == "ok" for r in rows)
+    return out
+
+
+def _cell(value: str | None) -> str:
+    if value is None:
+        return ""
+    if value == "ok":
+        return "ok"
+    return value.split(":", 1)[0]
+
+
+def to_markdown(rows: list[Row], seconds: float | None = None, command: str | None = None) -> str:
+    c = counts(rows)
+    lines = [
+        f"# Model coverage (transformers {transformers.__version__}, torch {torch.__version__})",
+        "",
+        "Generated by `python -m hf_condinit.coverage` (do not edit by hand)"
+        + (f"; command: `{command}`" if command else "") + (f"; {seconds:.0f} s" if seconds else "") + ".",
+        "",
+        f"- model types: {c['types']}; built from a shrunk default config: {c['built']}",
+        f"- init supported (conditioned and mimetic, weights checked, forward/backward): **{c['init']}**"
+        f" (conditioned {c['conditioned']}, mimetic {c['mimetic']})",
+        "- attention variants ok: " + ", ".join(f"{v} {c[v]}" for v in VARIANTS),
+        "",
+        "| model type | class | layout | via | conditioned | mimetic | " + " | ".join(VARIANTS) + " | why not |",
+        "|---|---|---|---|---|---|" + "---|" * len(VARIANTS) + "---|",
+    ]
+    for r in rows:
+        if r.status == "not built":
+            continue
+        why = r.reason
+        refused = {v: s for v, s in r.variants.items() if s != "ok"}
+        if not why and refused:
+            why = "; ".join(f"{v}: {s}" for v, s in refused.items())
+        lines.append(
+            f"| {r.model_type} | {r.model_class} | {r.layout}{' (' + r.source + ')' if r.source else ''} | {r.via} | "
+            f"{_cell(r.inits.get('conditioned'))} | {_cell(r.inits.get('mimetic'))} | "
+            + " | ".join(_cell(r.variants.get(v)) for v in VARIANTS) + f" | {_short(why, 300)} |"
+        )
+    skipped = [r for r in rows if r.status == "not built"]
+    if skipped:
+        lines += ["", "## Not built (not counted)", "", "| model type | reason |", "|---|---|"]
+        lines += [f"| {r.model_type} | {_short(r.reason, 200)} |" for r in skipped]
+    return "\n".join(lines) + "\n"
+
+
+README_START, README_END = "<!-- coverage:start -->", "<!-- coverage:end -->"
+
+
+def readme_section(rows: list[Row], table_path: str) -> str:
+    c = counts(rows)
+    supported = sorted(r.model_type for r in rows if r.status == "supported")
+    lines = [
+        README_START,
+        f"Measured on transformers {transformers.__version__} by `python -m hf_condinit.coverage` (full table: "
+        f"[{table_path}]({table_path})): of {c['built']} model types that build from a shrunk default config, "
+        f"**{c['init']}** take conditioned and mimetic init (weights checked, forward/backward); attention variants: "
+        + ", ".join(f"`{v}` {c[v]}" for v in VARIANTS) + ".",
+        "",
+        "Init supported: " + ", ".join(f"`{t}`" for t in supported) + ".",
+        README_END,
+    ]
+    return "\n".join(lines)
+
+
+def update_readme(path: str, rows: list[Row], table_path: str) -> None:
+    """Replace the text between the coverage markers of README ``path`` (error if the markers are missing)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{path} has no {README_START} … {README_END} markers; add them where the table goes.")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + readme_section(rows, table_path) + tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hf_condinit.coverage", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--types", nargs="*", help="model types to measure (default: every installed one)")
+    parser.add_argument("--out", default="docs/coverage.md", help="markdown table to write")
+    parser.add_argument("--readme", default=None, help="README whose coverage section to regenerate")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per model type (0: no limit)")
+    args = parser.parse_args(argv)
+    import hf_condinit  # noqa: F401  (installs the hooks)
+
+    types = args.types or all_model_types()
+    unknown = sorted(set(types) - set(all_model_types()))
+    if unknown:
+        print(f"error: unknown model type(s) {', '.join(unknown)}; see transformers' CONFIG_MAPPING", file=sys.stderr)
+        return 2
+    transformers.logging.set_verbosity_error()
+    start = time.perf_counter()
+    rows = run(types, timeout=args.timeout)
+    seconds = time.perf_counter() - start
+    command = "python -m hf_condinit.coverage " + " ".join(argv if argv is not None else sys.argv[1:])
+    for r in rows:
+        print(f"{r.model_type:28s} {r.status:10s} {','.join(v for v in VARIANTS if r.variants.get(v) == 'ok'):50s} "
+              f"{_short(r.reason, 120)}")
+    text = to_markdown(rows, seconds, command.strip())
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    if args.readme:
+        update_readme(args.readme, rows, args.out)
+    c = counts(rows)
+    print(f"{c} in {seconds:.0f} s; table written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

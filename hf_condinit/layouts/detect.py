@@ -1,0 +1,213 @@
+"""Layouts for model types that are not in the table: detected from naming conventions, proved on a miniature.
+
+`detected_layout(model)` (called by `hf_condinit.layouts.get_layout` for an unregistered ``model_type``):
+
+1. refuses what has no per-head W_Q/W_K/W_V to condition, saying why: multi-head latent attention (MLA: a
+   ``kv_lora_rank`` / ``q_lora_rank`` in the config, DeepSeek-V2/V3, MiniCPM3) and models without softmax
+   attention (state-space, recurrent and convolutional mixers);
+2. builds a miniature of the same model class (`miniature.build_miniature`: a 2-layer, 64-wide copy of its config);
+3. lists candidate layouts from the names of the attention modules' children (`SEPARATE_NAMES`, `FUSED_NAMES`,
+   `OUTPUT_NAMES`; for fused projections every ordering of `hf_condinit.layouts.fused`);
+4. proves each candidate on the miniature (`proof.prove_layout`) and returns the first that passes, with its
+   ``core`` (the module that calls the attention function) taken from the proof and ``variant_refusal`` set when the
+   attention does not go through HF's attention interface or passes terms the variants do not implement.
+
+Nothing is written to the real model before that. Results are cached per (model type, model class, transformers
+version) for the process. No candidate proved → `LayoutError` naming the model type and how to register a layout.
+"""
+
+from __future__ import annotations
+
+import transformers
+from torch import nn
+
+from .base import AttentionLayout, LayoutError, text_scope
+from .fused import FusedQKVLayout
+from .miniature import build_miniature, miniature_inputs
+from .proof import LayoutProof, prove_layout
+from .separate import SeparateQKVLayout, storage_of
+
+__all__ = ["SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout", "refusal_reason",
+           "REGISTER_HINT"]
+
+SEPARATE_NAMES = (
+    ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"),
+    ("query_proj", "key_proj", "value_proj"), ("q", "k", "v"), ("wq", "wk", "wv"), ("to_q", "to_k", "to_v"),
+    ("q_linear", "k_linear", "v_linear"), ("linear_q", "linear_k", "linear_v"),
+)
+FUSED_NAMES = ("qkv_proj", "Wqkv", "query_key_value", "c_attn", "W_pack", "qkv", "in_proj", "qkv_linear", "wqkv")
+OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin", "o", "wo", "Wo", "proj", "out", "output.dense",
+                "to_out.0", "o_linear", "out_linear", "linear_out", "output")
+# ordering, order, chunks of `FusedQKVLayout`, in the order they are tried
+FUSED_ORDERINGS = (("concat", "qkv", 1), ("grouped", "qkv", 1), ("concat", "qvk", 4), ("concat", "qkv", 4))
+
+REGISTER_HINT = (
+    "Register a layout that says where q/k/v/o live, e.g. hf_condinit.register_layout('{model_type}', "
+    "hf_condinit.layouts.SeparateQKVLayout(q='attn.q', k='attn.k', v='attn.v', o='attn.out')) (or "
+    "FusedQKVLayout for a fused projection); tests can check it with hf_condinit.layouts.proof.prove_layout."
+)
+
+NO_SOFTMAX = {
+    "mamba": "a selective state-space (Mamba) mixer", "mamba2": "a selective state-space (Mamba-2) mixer",
+    "falcon_mamba": "a selective state-space (Mamba) mixer", "rwkv": "an RWKV linear-recurrent mixer",
+    "xlstm": "an xLSTM recurrent mixer", "recurrent_gemma": "RG-LRU recurrent blocks with local attention",
+}
+
+
+def refusal_reason(config) -> str | None:
+    """Why a model type can have no layout at all (None when detection may try)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(config, "model_type", None)
+    if any(getattr(c, "kv_lora_rank", None) or getattr(c, "q_lora_rank", None) for c in (config, text)):
+        return (f"{model_type} uses multi-head latent attention (MLA): keys and values are up-projected from a "
+                "shared low-rank latent (kv_lora_rank), so there are no per-head W_K/W_V matrices to condition")
+    if model_type in NO_SOFTMAX:
+        return f"{model_type} has no softmax attention to condition: its token mixer is {NO_SOFTMAX[model_type]}"
+    return None
+
+
+def _projection(module: nn.Module, path: str) -> nn.Module | None:
+    try:
+        m = module.get_submodule(path)
+    except AttributeError:
+        return None
+    return m if storage_of(m) is not None else None
+
+
+def _find_output(holder: nn.Module, parents: list[tuple[str, nn.Module]]) -> tuple[nn.Module, str, str] | None:
+    """(block, prefix of the holder inside the block, output path) for the first output projection found in the
+    holder or, failing that, in one of its ancestors (BERT keeps W_O next to its self-attention module)."""
+    for name in OUTPUT_NAMES:
+        if _projection(holder, name) is not None:
+            return holder, "", name
+    prefix = ""
+    child = holder
+    for parent_name, parent in parents:
+        child_name = next((n for n, m in parent.named_children() if m is child), None)
+        if child_name is None:
+            return None
+        prefix = f"{child_name}.{prefix}" if prefix else f"{child_name}."
+        for name in OUTPUT_NAMES:
+            if not name.startswith(child_name) and _projection(parent, name) is not None:
+                return parent, prefix, name
+        child = parent
+    return None
+
+
+def candidate_layouts(model: nn.Module) -> list[AttentionLayout]:
+    """Layouts that the names of ``model``'s modules suggest (unproved), in the order they are tried."""
+    scope = text_scope(model)
+    named = dict(model.named_modules())
+    seen, out = set(), []
+    for name, module in named.items():
+        if scope and not name.startswith(scope):
+            continue
+        parts = name.split(".") if name else []
+        parents = [(".".join(parts[:k]), named[".".join(parts[:k])]) for k in range(len(parts) - 1, max(-1, len(parts) - 3), -1)]
+        for q, k, v in SEPARATE_NAMES:
+            if all(_projection(module, p) is not None for p in (q, k, v)):
+                found = _find_output(module, parents)
+                if found is not None:
+                    _, prefix, o = found
+                    key = ("sep", prefix, q, k, v, o)
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(SeparateQKVLayout(f"{prefix}{q}", f"{prefix}{k}", f"{prefix}{v}", o,
+                                                     name=f"auto_separate:{prefix}{q}/{o}"))
+        for fused in FUSED_NAMES:
+            qkv = _projection(module, fused)
+            if qkv is None:
+                continue
+            found = _find_output(module, parents)
+            if found is None:
+                continue
+            _, prefix, o = found
+            for ordering, order, chunks in FUSED_ORDERINGS:
+                key = ("fused", prefix, fused, o, ordering, order, chunks)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(FusedQKVLayout(f"{prefix}{fused}", o, storage=storage_of(qkv), ordering=ordering,
+                                              order=order, chunks=chunks,
+                                              name=f"auto_fused:{prefix}{fused}/{o}:{ordering}-{order}-{chunks}"))
+    return out
+
+
+def _with_core(layout: AttentionLayout, proof: LayoutProof) -> AttentionLayout:
+    layout.core = proof.core or ""
+    if proof.via != "interface":
+        layout.variant_refusal = ("its attention is computed inline, not through HF's attention interface, where "
+                                  "the variants plug in")
+    elif proof.extra:
+        layout.variant_refusal = (f"its attention function receives {', '.join(proof.extra)}, which the variants "
+                                  "do not implement")
+    return layout
+
+
+def detect_layout(model: nn.Module, inputs: dict) -> tuple[AttentionLayout, LayoutProof]:
+    """The first candidate layout that proves on ``model`` (a miniature), with the proof; LayoutError otherwise."""
+    model_type = getattr(model.config, "model_type", None)
+    reason = refusal_reason(model.config)
+    if reason:
+        raise LayoutError(f"hf_condinit refuses {model_type}: {reason}.")
+    candidates = candidate_layouts(model)
+    if not candidates:
+        raise LayoutError(
+            f"hf_condinit found no attention projections in {type(model).__name__} (model_type={model_type!r}) by "
+            "any known naming convention (q_proj/k_proj/v_proj, query/key/value, qkv_proj, Wqkv, query_key_value, "
+            f"c_attn, ...): no softmax attention, or unusual names. " + REGISTER_HINT.format(model_type=model_type)
+        )
+    failures = []
+    for layout in candidates:
+        try:
+            proof = prove_layout(model, layout, inputs)
+            if proof.core and proof.core != layout.core:  # re-prove with the geometry read from the core module
+                layout.core = proof.core
+                proof = prove_layout(model, layout, inputs)
+            return _with_core(layout, proof), proof
+        except LayoutError as err:
+            failures.append(f"{layout.name}: {err}")
+        except Exception as err:  # a candidate whose shapes make the model's forward fail
+            failures.append(f"{layout.name}: {type(err).__name__}: {err}")
+    raise LayoutError(
+        f"hf_condinit could not prove any attention layout for model_type={model_type!r} "
+        f"({type(model).__name__}); tried: " + " | ".join(failures)[:1500] + ". "
+        + REGISTER_HINT.format(model_type=model_type)
+    )
+
+
+_CACHE: dict[tuple, tuple[AttentionLayout | None, str | None]] = {}
+
+
+def detected_layout(model_or_config) -> AttentionLayout:
+    """The proved layout for a model of an unregistered type (detected on a miniature, cached); LayoutError else."""
+    config = getattr(model_or_config, "config", model_or_config)
+    model_class = type(model_or_config) if isinstance(model_or_config, nn.Module) else None
+    if model_class is None:
+        from transformers import AutoModel
+
+        model_class = AutoModel._model_mapping[type(config)]
+    key = (config.model_type, model_class.__name__, transformers.__version__)
+    if key not in _CACHE:
+        reason = refusal_reason(config)
+        if reason:
+            _CACHE[key] = (None, f"hf_condinit refuses {config.model_type}: {reason}.")
+        else:
+            try:
+                mini = build_miniature(model_class, config)
+                inputs = miniature_inputs(mini)
+                if inputs is None:
+                    raise LayoutError(f"hf_condinit cannot build inputs to prove a layout for "
+                                      f"{model_class.__name__} (main input {mini.main_input_name!r}). "
+                                      + REGISTER_HINT.format(model_type=config.model_type))
+                layout, _ = detect_layout(mini, inputs)
+                _CACHE[key] = (layout, None)
+            except LayoutError as err:
+                _CACHE[key] = (None, str(err))
+            except Exception as err:
+                _CACHE[key] = (None, f"hf_condinit could not build a miniature {model_class.__name__} to prove a "
+                                     f"layout for model_type={config.model_type!r} ({type(err).__name__}: {err}). "
+                                     + REGISTER_HINT.format(model_type=config.model_type))
+    layout, error = _CACHE[key]
+    if layout is None:
+        raise LayoutError(error)
+    return layout

@@ -1,0 +1,155 @@
+"""Miniatures: a 2-layer, 64-wide copy of a config (same model type and options), and inputs that run it.
+
+Used to prove a detected layout before any weight of the real model is written (`hf_condinit.layouts.detect`) and
+by the coverage table (`hf_condinit.coverage`). What changes (in the config and every sub-config):
+
+- layers → 2 (a per-layer list such as ``layer_types`` keeps its first entry and the first entry of another kind,
+  so sliding/global and dense/linear mixes stay mixed);
+- width → 64, query heads → 4, head dimension → 16 where the config has one; key/value heads keep their relation
+  to the query heads (all → 4, one → 1 (MQA), otherwise → 2 (GQA));
+- a rotary dimension (GPT-J, CodeGen) → 8, so rotary stays partial;
+- feed-forward widths → 128, experts → 4 (2 per token), vocabulary → at most 512 (special token ids past it move to its top),
+  sliding windows → 4 tokens (shorter than the 6-token inputs, so they act).
+
+Everything else (flags such as ``new_decoder_architecture``, ``multi_query``, ``alibi``, ``qk_layernorm``,
+``partial_rotary_factor``, softcapping) is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+__all__ = ["shrink_config", "miniature_inputs", "build_miniature"]
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
+               "num_decoder_layers", "num_encoder_layers")
+_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "n_embed")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+              "decoder_attention_heads", "num_attention_heads_per_layer")
+_KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+_HEAD_DIM_KEYS = ("head_dim", "d_kv", "attention_head_dim", "kv_channels", "attention_head_size")
+_FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim",
+             "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+             "expert_intermediate_size", "dim_feedforward", "mlp_dim", "inner_hidden_size")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "num_selected_experts")
+_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id", "mask_token_id",
+            "decoder_start_token_id", "unk_token_id")
+
+LAYERS, WIDTH, HEADS, HEAD_DIM, FFN, EXPERTS, TOPK, VOCAB, WINDOW = 2, 64, 4, 16, 128, 4, 2, 512, 4
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _layer_pick(n_layers: int, types: list | None) -> list[int]:
+    """Indices of the layers kept: the first, and the first of another kind when ``types`` mixes kinds."""
+    if types and len(types) == n_layers:
+        other = next((i for i, t in enumerate(types) if t != types[0]), None)
+        if other is not None:
+            return [0, other]
+    return list(range(min(LAYERS, n_layers)))
+
+
+def _shrink_dict(d: dict) -> dict:
+    d = dict(d)
+    n_layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > 0), None)
+    if n_layers is not None and n_layers > LAYERS:
+        keep = _layer_pick(n_layers, d.get("layer_types") if isinstance(d.get("layer_types"), list) else None)
+        for key, value in list(d.items()):
+            if isinstance(value, list) and len(value) == n_layers:
+                d[key] = [value[i] for i in keep]
+        for key in _LAYER_KEYS:
+            if _is_int(d.get(key)) and d[key] > LAYERS:
+                d[key] = LAYERS
+    heads = next((d[k] for k in _HEAD_KEYS if _is_int(d.get(k))), None)
+    for key in _WIDTH_KEYS:
+        if _is_int(d.get(key)) and d[key] > WIDTH:
+            d[key] = WIDTH
+    if heads is not None:
+        for key in _HEAD_KEYS:
+            if _is_int(d.get(key)):
+                d[key] = min(d[key], HEADS)
+        for key in _KV_KEYS:
+            kv = d.get(key)
+            if _is_int(kv) and kv > 0:
+                d[key] = min(HEADS, heads) if kv >= heads else 1 if kv == 1 else 2
+    for key in _HEAD_DIM_KEYS:
+        if _is_int(d.get(key)) and d[key] > HEAD_DIM:
+            d[key] = HEAD_DIM
+    if "head_dim" in d and d["head_dim"] is None and heads is not None:  # Ministral's default leaves it unset
+        d["head_dim"] = HEAD_DIM
+    if _is_int(d.get("rotary_dim")) and d["rotary_dim"] > HEAD_DIM // 2:  # GPT-J / CodeGen partial rotary
+        d["rotary_dim"] = HEAD_DIM // 2
+    for key in _FFN_KEYS:
+        if _is_int(d.get(key)) and d[key] > FFN:
+            d[key] = FFN
+    for key in _EXPERT_KEYS:
+        if _is_int(d.get(key)) and d[key] > EXPERTS:
+            d[key] = EXPERTS
+    for key in _TOPK_KEYS:
+        if _is_int(d.get(key)) and d[key] > TOPK:
+            d[key] = TOPK
+    if _is_int(d.get("vocab_size")) and d["vocab_size"] > VOCAB:
+        d["vocab_size"] = VOCAB
+        remap: dict[int, int] = {}  # special token ids past the small vocabulary move to its top
+        for key in _ID_KEYS:
+            value = d.get(key)
+            if _is_int(value) and value >= VOCAB:
+                d[key] = remap.setdefault(value, VOCAB - 1 - len(remap))
+            elif isinstance(value, list):
+                d[key] = [remap.setdefault(v, VOCAB - 1 - len(remap)) if _is_int(v) and v >= VOCAB else v
+                          for v in value]
+    if _is_int(d.get("sliding_window")) and d["sliding_window"] > WINDOW:
+        d["sliding_window"] = WINDOW
+    for key, value in list(d.items()):
+        if isinstance(value, dict) and "model_type" in value:
+            d[key] = _shrink_dict(value)
+    return d
+
+
+def shrink_config(config):
+    """A miniature copy of ``config`` (same class and options; see the module docstring). ``config`` is unchanged."""
+    d = _shrink_dict(copy.deepcopy(config).to_dict())
+    for key in ("condinit", "condinit_attention"):
+        d.pop(key, None)
+    small = type(config).from_dict(d)
+    small.condinit = None
+    return small
+
+
+def build_miniature(model_class, config):
+    """``model_class`` built from ``shrink_config(config)`` on CPU in float32, in eval mode, without hf_condinit's
+    init or variants (the layout proof records the model's own computation)."""
+    small = shrink_config(config)
+    with torch.device("cpu"):
+        model = model_class._from_config(small, dtype=torch.float32)
+    return model.eval()
+
+
+def miniature_inputs(model, batch: int = 2, seq: int = 6, seed: int = 0) -> dict | None:
+    """Forward kwargs for a miniature (random token ids, or pixels), or None when the input kind is not known."""
+    gen = torch.Generator().manual_seed(seed)
+    config = model.config
+    name = getattr(model, "main_input_name", "input_ids")
+    if name == "input_ids":
+        text = config.get_text_config()
+        vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
+        if not _is_int(vocab):
+            return None
+        inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=gen)}
+        if getattr(config, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = torch.randint(0, vocab, (batch, seq), generator=gen)
+        return inputs
+    if name == "pixel_values":
+        vision = getattr(config, "vision_config", None) or config
+        size = getattr(vision, "image_size", None)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        channels = getattr(vision, "num_channels", 3)
+        if not _is_int(size):
+            return None
+        return {"pixel_values": torch.randn(batch, channels, size, size, generator=gen)}
+    return None
