@@ -198,7 +198,7 @@ def sentence_log_probs(model, tokenizer, sentences, *, batch_size: int = 64, pre
                     batch[r, : len(ids[i])] = torch.tensor(ids[i])
                     mask[r, : len(ids[i])] = 1
                 batch, mask = batch.to(device), mask.to(device)
-                logits = model(input_ids=batch, attention_mask=mask).logits[:, :-1].float()
+                logits = model(input_ids=batch, attention_mask=mask, use_cache=False).logits[:, :-1].float()
                 token_lp = torch.log_softmax(logits, dim=-1).gather(-1, batch[:, 1:, None])[..., 0]
                 token_lp = token_lp.masked_fill(mask[:, 1:] == 0, 0.0)
                 scores[rows] = token_lp.double().sum(dim=1).cpu()
