@@ -215,6 +215,10 @@ def cover(model_type: str) -> Row:
                 row.reason = "no model class"
                 return row
             model_class = auto._model_mapping[type(config)]
+            if getattr(model_class, "main_input_name", "input_ids") not in ("input_ids", "pixel_values"):
+                row.model_class = model_class.__name__
+                row.reason = f"no input recipe for main input {model_class.main_input_name!r}"
+                return row
             row.model_class = model_class.__name__
             small = shrink_config(config)
             mini = build_miniature(model_class, config)
@@ -236,7 +240,7 @@ def cover(model_type: str) -> Row:
             else:
                 layout, proof = detect.detect_layout(mini, inputs)
                 row.source = "detected"
-                detect._CACHE[(model_type, model_class.__name__, transformers.__version__)] = (layout, None)
+                detect._CACHE[(model_type, transformers.__version__)] = (layout, None)
         except LayoutError as err:
             row.status, row.reason = "refused", _short(err, 400)
             return row

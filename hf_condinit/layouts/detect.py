@@ -13,7 +13,7 @@
    attention does not go through HF's attention interface or passes terms the variants do not implement.
 
 Nothing is written to the real model before that. Results are cached per (model type, model class, transformers
-version) for the process. No candidate proved → `LayoutError` naming the model type and how to register a layout.
+version) for the process, proved on the model type's base model (`AutoModel`) where it has one. No candidate proved → `LayoutError` naming the model type and how to register a layout.
 """
 
 from __future__ import annotations
@@ -178,35 +178,48 @@ def detect_layout(model: nn.Module, inputs: dict) -> tuple[AttentionLayout, Layo
 _CACHE: dict[tuple, tuple[AttentionLayout | None, str | None]] = {}
 
 
+def _miniature_classes(config, model_class) -> list:
+    """Classes to build the miniature from: the model type's base model first (it runs every attention module,
+    e.g. both stacks of an encoder-decoder, where a sub-model such as BART's decoder alone skips cross-attention),
+    then the class asked for."""
+    from transformers import AutoModel
+
+    classes = [AutoModel._model_mapping[type(config)]] if type(config) in AutoModel._model_mapping else []
+    if model_class is not None and model_class not in classes:
+        classes.append(model_class)
+    return classes
+
+
 def detected_layout(model_or_config) -> AttentionLayout:
-    """The proved layout for a model of an unregistered type (detected on a miniature, cached); LayoutError else."""
+    """The proved layout for a model of an unregistered type (detected on a miniature, cached per model type and
+    transformers version); LayoutError otherwise."""
     config = getattr(model_or_config, "config", model_or_config)
     model_class = type(model_or_config) if isinstance(model_or_config, nn.Module) else None
-    if model_class is None:
-        from transformers import AutoModel
-
-        model_class = AutoModel._model_mapping[type(config)]
-    key = (config.model_type, model_class.__name__, transformers.__version__)
+    key = (config.model_type, transformers.__version__)
     if key not in _CACHE:
         reason = refusal_reason(config)
         if reason:
             _CACHE[key] = (None, f"hf_condinit refuses {config.model_type}: {reason}.")
         else:
-            try:
-                mini = build_miniature(model_class, config)
-                inputs = miniature_inputs(mini)
-                if inputs is None:
-                    raise LayoutError(f"hf_condinit cannot build inputs to prove a layout for "
-                                      f"{model_class.__name__} (main input {mini.main_input_name!r}). "
-                                      + REGISTER_HINT.format(model_type=config.model_type))
-                layout, _ = detect_layout(mini, inputs)
-                _CACHE[key] = (layout, None)
-            except LayoutError as err:
-                _CACHE[key] = (None, str(err))
-            except Exception as err:
-                _CACHE[key] = (None, f"hf_condinit could not build a miniature {model_class.__name__} to prove a "
-                                     f"layout for model_type={config.model_type!r} ({type(err).__name__}: {err}). "
-                                     + REGISTER_HINT.format(model_type=config.model_type))
+            errors = []
+            for cls in _miniature_classes(config, model_class):
+                try:
+                    mini = build_miniature(cls, config)
+                    inputs = miniature_inputs(mini)
+                    if inputs is None:
+                        raise LayoutError(f"hf_condinit cannot build inputs to prove a layout for {cls.__name__} "
+                                          f"(main input {mini.main_input_name!r}). "
+                                          + REGISTER_HINT.format(model_type=config.model_type))
+                    _CACHE[key] = (detect_layout(mini, inputs)[0], None)
+                    break
+                except LayoutError as err:
+                    errors.append(str(err))
+                except Exception as err:
+                    errors.append(f"hf_condinit could not build a miniature {cls.__name__} to prove a layout for "
+                                  f"model_type={config.model_type!r} ({type(err).__name__}: {err}). "
+                                  + REGISTER_HINT.format(model_type=config.model_type))
+            else:
+                _CACHE[key] = (None, errors[0] if errors else f"no model class for {config.model_type!r}")
     layout, error = _CACHE[key]
     if layout is None:
         raise LayoutError(error)
