@@ -175,6 +175,7 @@ def test_image_classifier_card(tmp_path):
     assert f"Built from the local config / model `{tmp_path / 'vit.json'}`." in card.text
     assert f"| eval_accuracy | {metrics['eval_accuracy']:.4g} |" in card.text
     assert _png(tmp_path / "loss.png") and not (tmp_path / "kappa.png").exists()
+    assert "### Training results" not in card.text  # issue 22: no evaluation during training, no empty table
 
 
 def _end_of_training(out, log_history, **kw):

@@ -130,7 +130,7 @@ def numeric_fields(dataclass_type) -> list[str]:
     """Names of the ``int`` / ``float`` fields of ``dataclass_type`` (``bool`` excluded; ``X | None`` included)."""
     out = []
     for f in dataclasses.fields(dataclass_type):
-        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        text = f.type if isinstance(f.type, str) else f.type.__name__ if isinstance(f.type, type) else str(f.type)
         words = set(text.replace("|", " ").replace("[", " ").replace("]", " ").replace(",", " ").split())
         if f.init and words & {"int", "float"} and "bool" not in words and "list" not in words and "dict" not in words:
             out.append(f.name)
