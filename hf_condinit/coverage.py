@@ -290,16 +290,33 @@ def all_model_types() -> list[str]:
     return sorted(CONFIG_MAPPING_NAMES)
 
 
-def run(model_types: list[str], progress: bool = True, timeout: int = 120) -> list[Row]:
-    rows = []
+def run(model_types: list[str], progress: bool = True, timeout: int = 120, records: str | None = None) -> list[Row]:
+    """`cover` each type; with ``records`` (a JSON-lines file), rows already there are reused and each new row is
+    appended as soon as it is measured, so an interrupted run resumes where it stopped."""
+    import dataclasses
+    import json
+    import os
+
+    done: dict[str, Row] = {}
+    if records and os.path.exists(records):
+        with open(records, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    row = Row(**json.loads(line))
+                    done[row.model_type] = row
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
-    iterator = tqdm(model_types, desc="coverage", disable=not progress) if tqdm else model_types
+    todo = [t for t in model_types if t not in done]
+    iterator = tqdm(todo, desc="coverage", disable=not progress) if tqdm else todo
     for model_type in iterator:
-        rows.append(_cover_with_timeout(model_type, timeout))
-    return rows
+        row = _cover_with_timeout(model_type, timeout)
+        done[model_type] = row
+        if records:
+            with open(records, "a", encoding="utf-8") as f:
+                f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+    return [done[t] for t in model_types]
 
 
 class _Timeout(BaseException):
@@ -307,24 +324,25 @@ class _Timeout(BaseException):
 
 
 def _cover_with_timeout(model_type: str, timeout: int) -> Row:
-    """`cover` stopped after ``timeout`` seconds (main thread on POSIX; no limit elsewhere)."""
+    """`cover` stopped after ``timeout`` seconds of CPU time (so a loaded machine does not stop it early; main
+    thread on POSIX; no limit elsewhere)."""
     import signal
 
-    if timeout <= 0 or not hasattr(signal, "SIGALRM"):
+    if timeout <= 0 or not hasattr(signal, "SIGPROF"):
         return cover(model_type)
 
     def stop(signum, frame):
-        raise _Timeout(f"took longer than {timeout} s")
+        raise _Timeout(f"took more than {timeout} s of CPU time")
 
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(timeout)
+    previous = signal.signal(signal.SIGPROF, stop)
+    signal.setitimer(signal.ITIMER_PROF, timeout)
     try:
         return cover(model_type)
     except _Timeout as err:
         return Row(model_type, status="not built", reason=f"coverage run stopped: {err}", seconds=timeout)
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def counts(rows: list[Row]) -> dict[str, int]:
@@ -416,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--types", nargs="*", help="model types to measure (default: every installed one)")
     parser.add_argument("--out", default="docs/coverage.md", help="markdown table to write")
     parser.add_argument("--readme", default=None, help="README whose coverage section to regenerate")
-    parser.add_argument("--timeout", type=int, default=120, help="seconds per model type (0: no limit)")
+    parser.add_argument("--timeout", type=int, default=120, help="CPU seconds per model type (0: no limit)")
+    parser.add_argument("--records", default=None,
+                        help="JSON-lines file of measured rows: reused and appended to (resumable runs)")
     args = parser.parse_args(argv)
     import hf_condinit  # noqa: F401  (installs the hooks)
 
@@ -427,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     transformers.logging.set_verbosity_error()
     start = time.perf_counter()
-    rows = run(types, timeout=args.timeout)
+    rows = run(types, timeout=args.timeout, records=args.records)
     seconds = time.perf_counter() - start
     command = "python -m hf_condinit.coverage " + " ".join(argv if argv is not None else sys.argv[1:])
     for r in rows:

@@ -176,6 +176,9 @@ class AttentionLayout:
         if cap is not None:
             return (f"its attention logits are soft-capped (attn_logit_softcapping={cap}), which the variants do "
                     "not implement")
+        if getattr(text, "alibi", False) is True:
+            return ("its ALiBi position bias reaches the attention function inside the attention mask, which the "
+                    "variants read as visibility only")
         return None
 
     def check_variant(self, config, implementation: str) -> None:
