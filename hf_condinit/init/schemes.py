@@ -53,41 +53,44 @@ def conditioned_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondI
 def mimetic_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitConfig, generator) -> list[str]:
     """Mimetic init (Trockman & Kolter 2023; METHODS.md §2).
 
-    Per query head h: A = α1·Z + β1·I = L R (`mimetic_factors`), W_Q^h = L[:, :d], W_K^h = Rᵀ[:, :d], so
-    W_Q^h W_K^hᵀ is A's best rank-d approximation. Under GQA a KV head's W_K comes from the first query head of its
-    group as above, and every other query head h of the group gets the least-squares
-    W_Q^h = T_h W_K (W_Kᵀ W_K)⁻¹ for its own target T_h, so every head carries its β1·I term as far as the shared
-    W_K allows (for the first head that formula gives L[:, :d] again). Per layer: A2 = α2·Z + sign·β2·I = L R,
-    KV head j: W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h), group size G) gets W_O^h = R[g·d:(g+1)·d] / G,
-    so the expanded W_V W_O equals A2's best rank-(H_kv·d) approximation (exactly A2 when H·d = D). Draw order: Z
-    for each query head, then the VO Z. Biases untouched. Needs all four roles; a block whose Q/K or V/O pair is
-    partly loaded keeps the loaded pair and the other is skipped as a whole.
+    Per query head h: A = α1·Z + β1·I, (L, R) = `mimetic_factors` (A, d), W_Q^h = L, W_K^h = Rᵀ, so W_Q^h W_K^hᵀ
+    is A's best rank-d approximation. Under GQA a KV head's W_K comes from the first query head of its group as
+    above, and every other query head h of the group gets the least-squares W_Q^h = T_h W_K (W_Kᵀ W_K)⁻¹ for its
+    own target T_h, so every head carries its β1·I term as far as the shared W_K allows (for the first head that
+    formula gives L again). Per layer: A2 = α2·Z + sign·β2·I, (L, R) = `mimetic_factors` (A2, H_kv·d), KV head j:
+    W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h), group size G) gets W_O^h = R[g·d:(g+1)·d] / G, so the
+    expanded W_V W_O equals A2's best rank-(H_kv·d) approximation (exactly A2 when H_kv·d ≥ D). When d > D (or
+    H_kv·d > D) the factors beyond rank D are zero. Draw order: Z for each query head, then the VO Z, whether
+    or not a pair is written; each head's target is factorised as soon as it is drawn (one D×D target in memory).
+    Biases untouched. Needs all four roles; a block whose Q/K or V/O pair is partly loaded keeps the loaded pair
+    and the other is skipped as a whole.
     """
     d, group = g.head_dim, g.n_heads // g.n_kv_heads
-    written = []
-    qk_targets = [
-        mimetic_target(g.hidden, cfg.mimetic_alpha1, cfg.mimetic_beta1, 1, cfg.mimetic_dist, generator)
-        for _ in range(g.n_heads)
-    ]
+    kept = min(d, g.hidden)  # W_K's non-zero columns
+    write_qk = "q" in projs and "k" in projs
+    if write_qk:
+        q_views, k_views = projs["q"].heads(projs["q"].weight), projs["k"].heads(projs["k"].weight)
+    for h in range(g.n_heads):
+        target = mimetic_target(g.hidden, cfg.mimetic_alpha1, cfg.mimetic_beta1, 1, cfg.mimetic_dist, generator)
+        if not write_qk:
+            continue
+        if h % group == 0:  # the group's first head: its target's factors give W_K (and its own W_Q)
+            w_q, right = mimetic_factors(target, d)
+            w_k = right.t()
+            gram = w_k[:, :kept].t() @ w_k[:, :kept]
+        else:  # least squares against the shared W_K: min ‖W_Q W_Kᵀ − T_h‖_F (zero where W_K is)
+            w_q = torch.zeros_like(w_k)
+            w_q[:, :kept] = torch.linalg.solve(gram, w_k[:, :kept].t() @ target.t()).t()
+        with torch.no_grad():
+            q_views[h].copy_(w_q)
+            if h % group == 0:
+                k_views[h // group].copy_(w_k)
     vo_target = mimetic_target(
         g.hidden, cfg.mimetic_alpha2, cfg.mimetic_beta2, cfg.mimetic_vo_sign, cfg.mimetic_dist, generator
     )
-    if "q" in projs and "k" in projs:
-        q_views, k_views = projs["q"].heads(projs["q"].weight), projs["k"].heads(projs["k"].weight)
-        for h, target in enumerate(qk_targets):
-            if h % group == 0:  # the group's first head: its target's factors give W_K (and its own W_Q)
-                left, right = mimetic_factors(target)
-                w_k = right[:d].t()
-                w_q = left[:, :d]
-            else:  # least squares against the shared W_K: min ‖W_Q W_Kᵀ − T_h‖_F
-                w_q = torch.linalg.solve(w_k.t() @ w_k, w_k.t() @ target.t()).t()
-            with torch.no_grad():
-                q_views[h].copy_(w_q)
-                if h % group == 0:
-                    k_views[h // group].copy_(w_k)
-        written += ["q", "k"]
+    written = ["q", "k"] if write_qk else []
     if "v" in projs and "o" in projs:
-        left, right = mimetic_factors(vo_target)
+        left, right = mimetic_factors(vo_target, g.n_kv_heads * d)
         v_views, o_views = projs["v"].heads(projs["v"].weight), projs["o"].heads(projs["o"].weight)
         with torch.no_grad():
             for j, view in enumerate(v_views):
