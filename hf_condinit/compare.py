@@ -20,7 +20,8 @@ zero-shot BLiMP accuracy (``blimp_accuracy`` of ``eval_results.json``: ``run_clm
 ``python -m hf_condinit.zero_shot RUN_DIR --blimp_dir DIR --save``).
 
 Figures: ``compare_eval.png`` (the metric vs step, every run) and ``compare_kappa.png`` (κ vs step, log scale; only
-when some run logged κ).
+when some run logged κ; a κ that is only a lower bound gets a hollow triangle and its own legend entry). Each arm is
+labelled with its folder and its recipe (``B: conditioned (seed 0)``).
 
 Public API (reused by ``benchmarks/``): :func:`load_run`, :func:`compare_table`, :func:`format_table`,
 :func:`plot_eval_curves`, :func:`plot_kappa`, :func:`main`; :class:`RunGroup` (the seeds of one arm, summarised by
