@@ -73,6 +73,7 @@ def test_zero2_two_processes_deepspeed_launcher(ts_file, tmp_path):
     out = tmp_path / "z2"
     log = _run("deepspeed", "zero2.json", ts_file, out, ["--max_steps", "3", "--learning_rate", "1e-3"])
     assert log.count("launched by deepspeed: world size 2, device cpu, DeepSpeed ZeRO-2") == 1  # rank 0 only
+    assert "DeepSpeed enabled" not in log  # issue 22: no per-rank WARNING line any more
     losses = _losses(out)
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     ev = json.loads((out / "eval_results.json").read_text())
