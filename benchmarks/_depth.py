@@ -356,7 +356,7 @@ def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> di
         for a in p.arms:
             common = set.intersection(*(set(c.get(a, {})) for c in lr_cells.values()))
             means[a] = {lr: statistics.fmean(c[a][s]["loss"] for s in common) for lr, c in lr_cells.items() if common}
-        key = f"2x{p.width}, {p.grid_tpp:g} tok/param (scale sweep, seeds 0-1)"
+        key = f"2x{p.width}, {p.grid_tpp:g} tok/param (scale sweep; shared: every seed, own: seeds of every rate)"
         for a in p.arms:
             if a == "default" or not means.get(a) or not means.get("default"):
                 continue
@@ -374,6 +374,11 @@ def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> di
             g = list(S.paired_gaps(main, a).values())
             out.setdefault(key, {})[a] = dict(shared=_ms(g)[0], own=(own.get(a) or {}).get("gap_loss_ms", (None,))[0])
     return out
+
+
+def _k(x):
+    """A condition number in 3 significant digits."""
+    return f"{x:.3g}"
 
 
 def _pts(x, sign=False):
@@ -403,8 +408,8 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
         lines.append(f"| {a} | " + " | ".join(cells) + f" | {best} |")
     lines.append("")
     if res["shared_rate"]:
-        lines.append("Shared rate (3e-3) beside each arm's own best rate: Δ loss to default (default also at the "
-                     "shared / its own best rate):\n")
+        lines.append(f"Shared rate ({p.shared_lr:g}) beside each arm's own best rate: Δ loss to default (default "
+                     "also at the shared / its own best rate):\n")
         lines.append("| setting | arm | Δ at shared lr | Δ at own best lr |")
         lines.append("|---|---|---|---|")
         for key, arms in res["shared_rate"].items():
@@ -433,7 +438,7 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
                 + ("–" if a == "default" or gb[0] is None else f"{_pts(gb[0], True)} ± {_pts(gb[1])}")
                 + f" | {yn[r['blimp_beyond_spread']]} | "
                 + ("not reached" if st is None else f"{st:.0f} ({r['n_reached']}/{len(r['seeds'])} seeds) of {r['steps']}")
-                + f" | {f(statistics.fmean(k0), 1) if k0 else '–'} | {f(statistics.fmean(k1), 1) if k1 else '–'} |")
+                + f" | {_k(statistics.fmean(k0)) if k0 else '–'} | {_k(statistics.fmean(k1)) if k1 else '–'} |")
     lines.append("")
     lines.append("κ(J) per layer (causal, mean over heads and seeds; init → end):\n")
     lines.append("| depth | arm | κ per layer at init | κ per layer at the end |")
@@ -441,8 +446,8 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
     for depth, row in res["depths"].items():
         for a in [x for x in p.arms if x in row]:
             k0, k1 = row[a]["kappa_init_layers"], row[a]["kappa_end_layers"]
-            lines.append(f"| {depth} | {a} | " + (" / ".join(f(x, 1) for x in k0) if k0 else "–") + " | "
-                         + (" / ".join(f(x, 1) for x in k1) if k1 else "–") + " |")
+            lines.append(f"| {depth} | {a} | " + (" / ".join(_k(x) for x in k0) if k0 else "–") + " | "
+                         + (" / ".join(_k(x) for x in k1) if k1 else "–") + " |")
     lines.append("")
     lines.append(f"{n_runs} finished runs of {n_planned} planned ({cpu:.0f} core-s = {cpu / 3600:.2f} core-h of CPU "
                  "time). 'beyond spread': |mean paired Δ| > 2 × the pooled seed std and every seed of one sign.")
