@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -34,6 +35,8 @@ def main(argv=None) -> dict:
     p.add_argument("run_dir")
     p.add_argument("--blimp_dir", required=True)
     p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--pairs_per_paradigm", type=int, default=None,
+                   help="only the first N pairs of every paradigm (default: all)")
     p.add_argument("--out", help="JSON record to write")
     args = p.parse_args(argv)
 
@@ -44,7 +47,16 @@ def main(argv=None) -> dict:
     load_before = os.getloadavg()
     tokenizer = AutoTokenizer.from_pretrained(args.run_dir)
     model = AutoModelForCausalLM.from_pretrained(args.run_dir).eval()
-    pairs = load_minimal_pairs(args.blimp_dir)
+    blimp_dir = args.blimp_dir
+    if args.pairs_per_paradigm:  # a folder with the first N lines of every file
+        blimp_dir = tempfile.mkdtemp(prefix="blimp_head_")
+        for name in sorted(os.listdir(args.blimp_dir)):
+            if name.endswith(".jsonl"):
+                with open(os.path.join(args.blimp_dir, name), encoding="utf-8") as f:
+                    head = [line for _, line in zip(range(args.pairs_per_paradigm), f)]
+                with open(os.path.join(blimp_dir, name), "w", encoding="utf-8") as f:
+                    f.writelines(head)
+    pairs = load_minimal_pairs(blimp_dir)
 
     start = time.perf_counter()
     scores, correct = score_items(model, tokenizer, pairs.items, batch_size=args.batch_size, show_progress=True)
@@ -55,7 +67,7 @@ def main(argv=None) -> dict:
     results = lm_eval.simple_evaluate(
         model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(model.device)),
         tasks=[f"blimp_local_{p}" for p in pairs.paradigms],
-        task_manager=TaskManager(include_path=TASKS_DIR, metadata={"blimp_dir": args.blimp_dir}),
+        task_manager=TaskManager(include_path=TASKS_DIR, metadata={"blimp_dir": blimp_dir}),
         log_samples=True, bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
     )
     lm_eval_seconds = time.perf_counter() - start
@@ -79,7 +91,8 @@ def main(argv=None) -> dict:
         acc = results["results"][f"blimp_local_{paradigm}"]["acc,none"]
         worst_paradigm_acc_diff = max(worst_paradigm_acc_diff, abs(acc - ours["blimp_paradigm_accuracy"][paradigm]))
     record = {
-        "run_dir": args.run_dir, "blimp_dir": args.blimp_dir, "paradigms": len(pairs.paradigms), "pairs": n,
+        "run_dir": args.run_dir, "blimp_dir": args.blimp_dir,
+        "pairs_per_paradigm": args.pairs_per_paradigm, "paradigms": len(pairs.paradigms), "pairs": n,
         "same_decision": same, "exact_ties_in_lm_eval": ties, "max_abs_loglik_diff": max_diff,
         "max_paradigm_accuracy_diff": worst_paradigm_acc_diff, "ours_accuracy": ours["blimp_accuracy"],
         "ours_seconds": round(ours_seconds, 1), "lm_eval_seconds": round(lm_eval_seconds, 1),

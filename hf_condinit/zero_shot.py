@@ -127,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="token prepended to every sentence (default eos; none: the first token is not scored)")
     p.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass (default 64)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's, one per core; on a machine shared with other "
+                        "jobs 1 can be much faster, see README)")
     p.add_argument("--torch_dtype", choices=("float32", "bfloat16", "float16", "auto"), default="float32",
                    help="dtype of the loaded weights (default float32)")
     p.add_argument("--trust_remote_code", action="store_true", help="allow model code saved next to the weights")
@@ -140,6 +143,8 @@ def _check_args(args) -> MinimalPairSet:
     """Every user error, before any model work (raises ``ValueError``): returns the loaded pairs."""
     if args.batch_size < 1:
         raise ValueError(f"--batch_size {args.batch_size}: must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads}: must be at least 1")
     pairs = load_minimal_pairs(args.blimp_dir)
     if args.save and not os.path.isdir(args.run_dir):
         raise ValueError(f"--save writes into RUN_DIR, but {args.run_dir} is not a local folder")
@@ -166,6 +171,9 @@ def main(argv=None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hf_condinit  # noqa: F401  (attention variants, hooks: a folder saved with them loads with them)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     tokenizer = AutoTokenizer.from_pretrained(args.run_dir, trust_remote_code=args.trust_remote_code)
     try:
