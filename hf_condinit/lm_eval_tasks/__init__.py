@@ -15,6 +15,3 @@ import os
 
 #: The folder to pass to lm-eval's ``--include_path`` / ``TaskManager(include_path=...)``.
 TASKS_DIR = os.path.dirname(os.path.abspath(__file__))
-
-if __name__ == "__main__":
-    print(TASKS_DIR)
