@@ -1,6 +1,6 @@
 """Reversible hooks on `PreTrainedModel` that make ``condinit=`` and the attention variants one flag away.
 
-`install` (run on ``import hf_condinit``) wraps five methods (four of `PreTrainedModel`, one of
+`install` (run on ``import hf_condinit``) wraps seven methods (five of `PreTrainedModel`, two of
 `PreTrainedConfig`) and registers the attention variants with HF's
 ``AttentionInterface`` / ``AttentionMaskInterface`` (`hf_condinit.attention.register_all`); `uninstall` restores the
 methods and unregisters the variants:
@@ -27,6 +27,13 @@ methods and unregisters the variants:
   attention variants' options), and refuses, with a ValueError naming the option, a ``condinit=`` that sets one of
   them to another value or drops the recipe (``condinit=None/False``). Its other options (method, seed, ...) only
   concern weights the checkpoint does not hold.
+- ``save_pretrained``: after the original, a model whose forward needs hf_condinit (attention variant, unmerged
+  spectral conditioning) is made portable (`hf_condinit.attention.portable.write_portable`: self-contained code
+  next to the weights, ``auto_map``, renamed ``model_type``), so plain transformers loads it exactly with
+  ``trust_remote_code=True`` and refuses it otherwise.
+- ``PreTrainedConfig.get_config_dict`` (classmethod; every config read from a directory): undoes that rewrite
+  (`hf_condinit.attention.portable.plugin_config_dict`), so with the plugin imported the checkpoint loads through the
+  plugin's hooks as before.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ _HOOKED = {
     "_initialize_weights": PreTrainedModel,
     "_check_and_adjust_attn_implementation": PreTrainedModel,
     "from_dict": PreTrainedConfig,
+    "get_config_dict": PreTrainedConfig,
+    "save_pretrained": PreTrainedModel,
 }
 #: condinit options that change what a trained checkpoint computes: `from_pretrained` keeps the checkpoint's.
 FORWARD_OPTIONS = (
@@ -73,6 +82,8 @@ def install() -> None:
     PreTrainedModel._initialize_weights = _initialize_weights
     PreTrainedModel._check_and_adjust_attn_implementation = _check_and_adjust_attn_implementation
     PreTrainedConfig.from_dict = classmethod(_config_from_dict)
+    PreTrainedConfig.get_config_dict = classmethod(_config_get_config_dict)
+    PreTrainedModel.save_pretrained = _save_pretrained
 
 
 def uninstall() -> None:
@@ -118,6 +129,18 @@ def _config_from_dict(cls, config_dict, **kwargs):
     if "condinit" in kwargs and stored is not None:
         kwargs["condinit"] = _keep_checkpoint_recipe(stored, kwargs["condinit"])
     return _original("from_dict")(cls, config_dict, **kwargs)
+
+
+def _config_get_config_dict(cls, *args, **kwargs):
+    config_dict, kwargs = _original("get_config_dict")(cls, *args, **kwargs)
+    return _variant_hook("plugin_config_dict")(config_dict), kwargs
+
+
+def _save_pretrained(self, save_directory, *args, **kwargs):
+    result = _original("save_pretrained")(self, save_directory, *args, **kwargs)
+    if kwargs.get("is_main_process", args[0] if args else True):
+        _variant_hook("write_portable")(self, save_directory)
+    return result
 
 
 def _keep_checkpoint_recipe(stored: dict, requested) -> dict:

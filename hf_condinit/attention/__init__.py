@@ -33,6 +33,7 @@ from torch import nn
 from ..modules import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
+from .portable import PORTABLE_FILE, plugin_config_dict, write_portable
 from .preconditioned import preconditioned_attention_forward
 from .spectral import apply_spectral_conditioning, merge_spectral, remove_spectral
 
@@ -46,6 +47,8 @@ __all__ = [
     "after_zero3_init",
     "no_decay_parameter_names",
     "condinit_state_dict",
+    "write_portable",
+    "plugin_config_dict",
     "apply_spectral_conditioning",
     "merge_spectral",
     "remove_spectral",
@@ -62,12 +65,13 @@ VARIANTS = {
 
 
 def _is_ours(existing: Any, fn: Any) -> bool:
-    """Same object, or the same function re-imported (importlib.reload of this package)."""
+    """Same object, the same function re-imported (importlib.reload of this package), or its copy in the
+    ``condinit_modeling.py`` of a portable checkpoint loaded with ``trust_remote_code=True`` (same source)."""
     if existing is fn:
         return True
-    return (
-        getattr(existing, "__module__", None) == getattr(fn, "__module__", object())
-        and getattr(existing, "__qualname__", None) == getattr(fn, "__qualname__", object())
+    module = getattr(existing, "__module__", None) or ""
+    return getattr(existing, "__qualname__", None) == getattr(fn, "__qualname__", object()) and (
+        module == getattr(fn, "__module__", object()) or module.rpartition(".")[2] == PORTABLE_FILE[:-3]
     )
 
 

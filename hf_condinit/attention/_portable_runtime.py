@@ -1,0 +1,91 @@
+"""What a portable checkpoint runs without hf_condinit: holders rebuilt from config.json, variants registered.
+
+This file is one part of the self-contained ``condinit_modeling.py`` that `hf_condinit.attention.portable` writes
+next to the weights (bundled verbatim with ``modules.py``, ``attention/_common.py``, ``reference.py`` and the
+variants' files, relative imports removed; see `hf_condinit.attention.portable.bundle_source`). Inside hf_condinit it
+is importable and tested like any module, but the package itself never calls it.
+
+``config.condinit_holders`` (written by `hf_condinit.attention.portable.holder_manifest`) lists every holder of the
+saved model: the module it is attached to (path relative to ``model.base_model``, so any head class of the family
+finds it), its attribute name, its kind and the shapes needed to build it before the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from ..modules import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
+from .affine_scaled import affine_scaled_attention_forward
+from .attention_sink import attention_sink_attention_forward
+from .preconditioned import preconditioned_attention_forward
+
+PORTABLE_VARIANTS = {
+    "affine_scaled": affine_scaled_attention_forward,
+    "attention_sink": attention_sink_attention_forward,
+    "preconditioned": preconditioned_attention_forward,
+}
+
+
+def register_portable_variants() -> None:
+    """Register the variants with HF's attention and mask registries, leaving names already registered alone (the
+    same functions registered by hf_condinit, when it is imported too)."""
+    for name, fn in PORTABLE_VARIANTS.items():
+        if name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(name, fn)
+            AttentionMaskInterface.register(name, sdpa_mask)
+
+
+class StoredProjection:
+    """The part of a layout ``Projection`` that a spectral holder's forward hook reads: the module, the role and
+    the weight's storage convention (``"linear"``: (out, in); ``"conv1d"``: (in, out))."""
+
+    def __init__(self, module: torch.nn.Module, role: str, storage: str):
+        self.module, self.role, self.storage = module, role, storage
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.module.weight
+
+    def linear(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, t) if self.storage == "linear" else x @ t
+
+
+def attach_holders(model: torch.nn.Module, manifest: list[dict]) -> None:
+    """Attach (idempotently) the holders listed in ``manifest`` to ``model.base_model``, with their hooks.
+
+    Values are zeros until the checkpoint's weights are loaded into them.
+    """
+    root = model.base_model
+    for entry in manifest:
+        core = root.get_submodule(entry["module"])
+        if entry["name"] in core._modules:
+            continue
+        like = next(core.parameters())
+        kind = entry["kind"]
+        if kind == "affine_scaled":
+            holder = AffineScaledHolder(entry["n_heads"], entry["hidden"], device=like.device, dtype=like.dtype)
+            core.add_module(entry["name"], holder)
+            core.register_forward_pre_hook(holder.pass_input, with_kwargs=True)
+        elif kind == "attention_sink":
+            core.add_module(entry["name"], AttentionSinkHolder(entry["n_heads"], device=like.device, dtype=like.dtype))
+        elif kind == "spectral":
+            module = root.get_submodule(entry["projection"])
+            projections = [StoredProjection(module, role, entry["storage"]) for role in entry["roles"]]
+            holder = SpectralHolder(projections, entry["lam"], entry["mode"], torch.Size(entry["shape"]),
+                                    device=module.weight.device, dtype=module.weight.dtype)
+            core.add_module(entry["name"], holder)
+            module.register_forward_hook(holder._add_spectral)
+        else:
+            raise ValueError(f"condinit_holders: unknown holder kind {kind!r} (saved by a newer hf_condinit?).")
+
+
+class CondInitPortableMixin:
+    """Mixed in before a transformers model class: attaches the holders of ``config.condinit_holders`` before the
+    original ``post_init`` (so they exist when ``from_pretrained`` loads the weights)."""
+
+    def post_init(self):
+        attach_holders(self, getattr(self.config, "condinit_holders", None) or [])
+        super().post_init()
