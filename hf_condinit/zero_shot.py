@@ -121,7 +121,8 @@ def save_results(run_dir: str, results: dict) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Zero-shot BLiMP accuracy of a saved causal LM.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run_clm.py output folder (or any saved causal LM: folder or hub id)")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="run_clm.py output folder (or any saved causal LM: folder or hub id)")
     p.add_argument("--blimp_dir", required=True, help="folder of BLiMP *.jsonl files, e.g. ../shared/data/blimp")
     p.add_argument("--prefix", choices=PREFIXES, default="eos",
                    help="token prepended to every sentence (default eos; none: the first token is not scored)")

@@ -105,7 +105,8 @@ def test_prefix_choices(tokenizer):
 
 def test_accuracy_bookkeeping():
     items = [MinimalPairItem(("a", "b"), 0, "p1", "syntax"), MinimalPairItem(("c", "d"), 0, "p1", "syntax"),
-             MinimalPairItem(("e", "f"), 0, "p2", "morphology"), MinimalPairItem(("g", "h"), 0, "p3", "syntax_semantics"),
+             MinimalPairItem(("e", "f"), 0, "p2", "morphology"),
+             MinimalPairItem(("g", "h"), 0, "p3", "syntax_semantics"),
              MinimalPairItem(("h", "i", "j"), 2, "p3", "syntax_semantics"), MinimalPairItem(("k", "l"), 0, "p3")]
     correct = [True, False, True, False, True, True]
     out = summarize(items, correct, "blimp", "eos")
