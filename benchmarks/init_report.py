@@ -282,6 +282,10 @@ def part_cost(configs: list[str], svd_layers: int, mimetic_layers: int, check_he
             "svd_layers": svd_layers, "mimetic_layers": mimetic_layers, "check_heads": check_heads}
 
 
+def _extrapolated(row: dict) -> str:
+    return f", {row['timed_layers']} of {row['layers']} layers" if row["timed_layers"] < row["layers"] else ""
+
+
 def cost_table(res: dict) -> str:
     """Markdown: one row per config, the init seconds and ratios to the default init."""
     lines = ["| config | params | layers × (heads/KV heads) × d, D | default init s | conditioned s (ratio) | "
@@ -290,12 +294,11 @@ def cost_table(res: dict) -> str:
     by = {(r["config"], r["method"]): r for r in res["rows"]}
     for name in dict.fromkeys(r["config"] for r in res["rows"]):
         d, c, m, o = (by[(name, k)] for k in COST_METHODS)
-        extrapolated = lambda r: f", {r['timed_layers']} of {r['layers']} layers" if r["timed_layers"] < r["layers"] else ""  # noqa: E731
         lines.append(
             f"| {name} | {d['n_params'] / 1e6:.0f}M | {d['layers']} × ({d['heads']}/{d['kv_heads']}) × "
             f"{d['head_dim']}, {d['hidden']} | {d['init_s']:.2f} | {c['init_s']:.2f} ({c['ratio']:.2f}×) | "
-            f"{m['init_s']:.1f} ({m['ratio']:.1f}×{extrapolated(m)}) | {o['init_s']:.0f} ({o['ratio']:.0f}×"
-            f"{extrapolated(o)}) | {m['qk_rel_err']:.1e} / {m['vo_rel_err']:.1e} "
+            f"{m['init_s']:.1f} ({m['ratio']:.1f}×{_extrapolated(m)}) | {o['init_s']:.0f} ({o['ratio']:.0f}×"
+            f"{_extrapolated(o)}) | {m['qk_rel_err']:.1e} / {m['vo_rel_err']:.1e} "
             f"| {m['fp32_accepted']} / {m['float64_reruns']} |")
     lb, la = res["load_avg_before"], res["load_avg_after"]
     lines.append(f"\n{res['cpus']} CPUs, torch threads {res['rows'][0]['threads']}; load average (1/5/15 min) "
