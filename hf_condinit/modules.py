@@ -36,6 +36,7 @@ __all__ = [
     "HOLDER_PREFIX",
     "AFFINE_INPUT_KWARG",
     "in_backward_recompute",
+    "reduce_over_replicas",
     "CondInitHolder",
     "AffineScaledHolder",
     "AttentionSinkHolder",
@@ -96,6 +97,22 @@ def in_backward_recompute() -> bool:
         return False
 
 
+def reduce_over_replicas(total: torch.Tensor, count: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Σ over ranks of total, Σ over ranks of count)`` when torch.distributed is initialised with more than one
+    process in ``group`` (one all_reduce of the packed (H + 1,) fp32 vector); the inputs unchanged otherwise.
+
+    Sums and counts, not means: ranks with different numbers of real tokens (padding, an uneven last batch, a rank
+    with none) weigh as their tokens do. Every rank of ``group`` must call it the same number of times (it is
+    called once per affine_scaled layer in each training forward, as DDP / DeepSpeed run them in lockstep).
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return total, count
+    packed = torch.cat([total.reshape(-1), count.reshape(1).to(total.dtype)])
+    dist.all_reduce(packed, group=group)
+    return packed[:-1].reshape(total.shape), packed[-1]
+
+
 class AffineScaledHolder(CondInitHolder):
     """State of Affine-Scaled Attention for one attention module (METHODS.md §5).
 
@@ -112,6 +129,11 @@ class AffineScaledHolder(CondInitHolder):
     to the module's kwargs, which HF forwards to the attention function. Nothing of a forward is kept on the holder,
     so one model can serve several threads, and a model switched to another implementation passes nothing.
     """
+
+    #: process group over which α_ma's batch statistic is reduced (None: the default group, i.e. every rank, which is
+    #: the data-parallel group of DDP and of DeepSpeed without model parallelism). Set it (on the class or on a
+    #: holder) to the data-parallel group when ranks also split the model (tensor / pipeline parallelism).
+    process_group = None
 
     def __init__(self, n_heads: int, hidden: int, *, device=None, dtype=None):
         super().__init__()
@@ -179,7 +201,9 @@ class AffineScaledHolder(CondInitHolder):
 
         METHODS.md §5 order: the output uses α_ma as it stood *before* this batch; then, in training forward
         passes only (never in eval, never in the gradient-checkpointing re-forward),
-        α_ma ← ρ·α_ma + (1 − ρ)·mean(α) over the real tokens.
+        α_ma ← ρ·α_ma + (1 − ρ)·mean(α) over the real tokens. Under data parallelism the mean is over the real
+        tokens of every replica's batch (`reduce_over_replicas`: sums and counts all-reduced, like SyncBatchNorm),
+        so every rank holds the same α_ma, the one a single process would compute on the global batch.
         ``alpha``: (B, Q, H); ``real``: (B or 1, Q) bool, None = every token is real.
         """
         if not self.training:
@@ -194,8 +218,9 @@ class AffineScaledHolder(CondInitHolder):
                 weights = torch.ones(a.shape[:2], dtype=a.dtype, device=a.device)
             else:
                 weights = real.to(a.dtype).expand(a.shape[0], a.shape[1])  # masks may broadcast over B
-            n = weights.sum()
-            batch_mean = (a * weights.unsqueeze(-1)).sum(dim=(0, 1)) / n.clamp(min=1.0)
+            total, n = (a * weights.unsqueeze(-1)).sum(dim=(0, 1)), weights.sum()
+            total, n = reduce_over_replicas(total, n, self.process_group)
+            batch_mean = total / n.clamp(min=1.0)
             # a batch without real tokens leaves α_ma unchanged (computed branch-free, for torch.compile)
             new = torch.where(n > 0, rho * self.alpha_ma + (1.0 - rho) * batch_mean, self.alpha_ma)
             self.alpha_ma.copy_(new)
