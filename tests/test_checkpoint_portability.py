@@ -77,6 +77,14 @@ PLAIN_LOADER = textwrap.dedent(
             logits = model(**ref["inputs"]).logits
         out["class"] = type(model).__name__
         out["maxdiff"] = (logits - ref["logits"]).abs().max().item()
+        if job.get("resave"):  # saved again by plain transformers: still portable, still the same model
+            again = job["resave"]
+            model.save_pretrained(again)
+            out["resaved_sdpa"] = attempt(lambda: getattr(transformers, job["auto"]).from_pretrained(
+                again, trust_remote_code=True, attn_implementation="sdpa"))
+            reloaded = getattr(transformers, job["auto"]).from_pretrained(again, trust_remote_code=True).eval()
+            with torch.no_grad():
+                out["resaved_maxdiff"] = (reloaded(**ref["inputs"]).logits - ref["logits"]).abs().max().item()
         print()  # HF's "[y/N]" prompt ends without a newline
         print(json.dumps(out), flush=True)
     """
@@ -137,6 +145,8 @@ def test_every_variant_loads_exactly_or_refuses_without_the_plugin(tmp_path):
             with torch.no_grad():
                 assert torch.equal(again(**ref["inputs"]).logits, ref["logits"])
         jobs.append({"path": path, "auto": cls.__name__, "concrete": CONCRETE[family]})
+        if (family, kind) == ("gpt2", "affine_scaled"):
+            jobs[-1]["resave"] = str(tmp_path / "resaved")
         models[path] = kind
     results = _plain_load(jobs)
     for path, kind in models.items():
@@ -146,6 +156,12 @@ def test_every_variant_loads_exactly_or_refuses_without_the_plugin(tmp_path):
         assert "trust_remote_code=True" in r["auto"].get("error", ""), r
         if kind != "spectral":  # a concrete class refuses the unregistered attention implementation
             assert f'attn_implementation="{kind}"' in r["concrete"].get("error", ""), r
+        if "resaved_maxdiff" in r:
+            assert r["resaved_maxdiff"] <= 1e-5, r
+            resaved = json.loads((tmp_path / "resaved" / "config.json").read_text())  # a concrete class still refuses
+            assert resaved["attn_implementation"] == "affine_scaled" and resaved["model_type"] == "condinit_gpt2"
+            assert (tmp_path / "resaved" / PORTABLE_FILE).exists()
+            assert "trained with attention variant 'affine_scaled'" in r["resaved_sdpa"].get("error", ""), r
         print(f"{os.path.basename(path)}: plain load with trust_remote_code, max |Δlogits| = {r['maxdiff']:.2e}")
 
 

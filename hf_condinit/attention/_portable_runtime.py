@@ -82,10 +82,30 @@ def attach_holders(model: torch.nn.Module, manifest: list[dict]) -> None:
             raise ValueError(f"condinit_holders: unknown holder kind {kind!r} (saved by a newer hf_condinit?).")
 
 
+class CondInitPortableConfigMixin:
+    """Mixed in before a transformers config class: config.json keeps ``attn_implementation`` = the recorded variant
+    when the config is saved again (transformers never writes it), so the re-saved checkpoint stays refused by a
+    concrete transformers class and is rebuilt with its variant."""
+
+    def to_dict(self):
+        out = super().to_dict()
+        if out.get("condinit_attention"):
+            out["attn_implementation"] = out["condinit_attention"]
+        return out
+
+
 class CondInitPortableMixin:
-    """Mixed in before a transformers model class: attaches the holders of ``config.condinit_holders`` before the
-    original ``post_init`` (so they exist when ``from_pretrained`` loads the weights)."""
+    """Mixed in before a transformers model class: checks that the model is built with the recorded variant, then
+    attaches the holders of ``config.condinit_holders`` before the original ``post_init`` (so they exist when
+    ``from_pretrained`` loads the weights)."""
 
     def post_init(self):
+        variant = getattr(self.config, "condinit_attention", None)
+        if variant and self.config._attn_implementation != variant:
+            raise ValueError(
+                f"This checkpoint was trained with attention variant {variant!r}, but the model is being built with "
+                f"attn_implementation={self.config._attn_implementation!r}, which computes another model. Leave "
+                "attn_implementation out (or pass the recorded one)."
+            )
         attach_holders(self, getattr(self.config, "condinit_holders", None) or [])
         super().post_init()

@@ -156,7 +156,7 @@ def bundle_source(base_model_type: str) -> str:
         parts.append(_strip(inspect.getsource(importlib.import_module(module))))
     tail = ["# ---- the classes of this checkpoint " + "-" * 64, "import transformers", "",
             "register_portable_variants()", "", "",
-            f"class {_portable_name(config_name)}(transformers.{config_name}):",
+            f"class {_portable_name(config_name)}(CondInitPortableConfigMixin, transformers.{config_name}):",
             f"    model_type = {_PREFIX + base_model_type!r}", ""]
     for model_class in dict.fromkeys(classes.values()):
         tail += ["", f"class {_portable_name(model_class)}(CondInitPortableMixin, transformers.{model_class}):",
