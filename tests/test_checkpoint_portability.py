@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: E402
 
 import hf_condinit  # noqa: E402
-from hf_condinit.attention.portable import PORTABLE_FILE, bundle_source  # noqa: E402
+from hf_condinit.attention.portable import PORTABLE_FILE, bundle_source, loading_instructions  # noqa: E402
 from hf_condinit.attention.reference import randomise_holders  # noqa: E402
 
 from utils import REPO, TINYSTORIES, load_script, needs  # noqa: E402
@@ -177,6 +177,8 @@ def test_plain_checkpoints_stay_plain(tmp_path):
         config_json = json.loads((path / "config.json").read_text())
         assert config_json["model_type"] == "gpt2" and "auto_map" not in config_json, name
         assert not (path / PORTABLE_FILE).exists(), name
+        assert "A plain transformers checkpoint" in loading_instructions(model)
+        assert "AutoModelForCausalLM.from_pretrained(path)" in loading_instructions(model)
 
 
 def test_bundle_imports_only_torch_and_transformers(tmp_path):
@@ -212,6 +214,9 @@ def test_run_clm_outputs_load_without_the_plugin(ts_file, tmp_path):
             "--per_device_train_batch_size", "2", "--do_train", "--save_strategy", "no",
             "--learning_rate", "1e-2", *flags,
         ])  # fmt: skip
+        card = (out / "README.md").read_text()  # the model card says which kind of checkpoint and how to load it
+        assert "## How to load" in card and "from_pretrained(path, trust_remote_code=True)" in card
+        assert ("unmerged spectral" if kind == "spectral" else f"attention variant `{kind}`") in card
         trained = AutoModelForCausalLM.from_pretrained(out).eval()  # the plugin's (bit-exact) load
         if kind == "affine_scaled":
             assert trained.transformer.h[0].attn.condinit_affine.alpha_ma.abs().sum() > 0  # trained α_ma

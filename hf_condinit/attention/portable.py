@@ -46,6 +46,8 @@ __all__ = [
     "bundle_source",
     "write_portable",
     "plugin_config_dict",
+    "auto_class_name",
+    "loading_instructions",
 ]
 
 PORTABLE_FILE = "condinit_modeling.py"
@@ -163,6 +165,36 @@ def bundle_source(base_model_type: str) -> str:
                  f"    config_class = {_portable_name(config_name)}", ""]
     parts.append("\n".join(tail))
     return "\n".join(parts)
+
+
+def auto_class_name(model: nn.Module) -> str:
+    """The most specific Auto class that maps ``model``'s family to its class (``"AutoModel"`` when none does)."""
+    from transformers.models.auto import modeling_auto
+
+    model_type, name = model.config.model_type, type(model).__name__
+    matches = [auto for auto, mapping in _AUTO_CLASSES.items() if getattr(modeling_auto, mapping).get(model_type) == name]
+    return next((a for a in matches if a != "AutoModel"), "AutoModel")
+
+
+def loading_instructions(model: nn.Module) -> str:
+    """Markdown for a model card: which kind of checkpoint ``model`` saves and how to load it, with or without
+    hf_condinit."""
+    kind, auto = portable_kind(model), auto_class_name(model)
+    if kind is None:
+        return (f"A plain transformers checkpoint (hf_condinit's init schemes and merged spectral conditioning are "
+                f"ordinary weights): `transformers.{auto}.from_pretrained(path)` loads it, with or without "
+                "hf_condinit installed.\n")
+    what = "unmerged spectral conditioning (fixed C buffers)" if kind == "spectral" else f"attention variant `{kind}`"
+    return (f"This model's forward needs hf_condinit's code ({what}), so the checkpoint ships it: "
+            f"`{PORTABLE_FILE}` (self-contained, torch + transformers only) next to the weights, with `auto_map` in "
+            "config.json.\n\n"
+            "```python\n"
+            f"model = transformers.{auto}.from_pretrained(path, trust_remote_code=True)  # without hf_condinit\n"
+            f"import hf_condinit; model = transformers.{auto}.from_pretrained(path)  # with it\n"
+            "```\n\n"
+            "Both give the trained model's logits. Without `trust_remote_code=True` (and without hf_condinit) "
+            "transformers refuses to load it rather than load another model; pass `trust_remote_code=True` to "
+            "pipelines and lm-evaluation-harness too (`--model_args pretrained=path,trust_remote_code=True`).\n")
 
 
 def _portable_name(name: str) -> str:

@@ -8,6 +8,9 @@ versions). :func:`write_model_card` adds, in place of HF's "More information nee
   and the attention implementation;
 - *Training and evaluation data*: the data flags of the command line that launched the script (when it is a
   ``run_*.py`` script), the dataset builder / name and the split sizes;
+- *How to load*: whether the checkpoint is plain transformers weights or needs hf_condinit's code (attention
+  variant, unmerged spectral conditioning: shipped as ``condinit_modeling.py``, ``trust_remote_code=True``), with
+  the lines that load it (`hf_condinit.attention.portable.loading_instructions`);
 - after the results: the final metrics (every entry logged from the end of training on, so the evaluations that
   follow ``trainer.train`` are included), the zero-shot BLiMP accuracy (overall, per field, per paradigm; from
   ``eval_results.json``, written by ``run_clm.py --blimp_dir`` / ``hf_condinit.zero_shot``), κ(J) at the first and
@@ -32,6 +35,7 @@ import sys
 from typing import Any
 
 from .runs import read_json, read_kappa_records, recipe_summary
+from ..attention.portable import loading_instructions
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +275,7 @@ def build_model_card(trainer, *, output_dir: str | None = None, argv: list[str] 
                         "## Model description" + _recipe_section(condinit, attention, local_source), 1)
     text = text.replace("## Training and evaluation data" + _PLACEHOLDER,
                         "## Training and evaluation data\n\n" + describe_data(trainer, argv) + "\n", 1)
-    extra = []
+    extra = ["\n## How to load\n\n" + loading_instructions(model)]
     command = script_command(argv)
     if command:
         extra.append(f"\n## Command\n\n```bash\n{command}\n```\n")
