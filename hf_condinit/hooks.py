@@ -137,6 +137,11 @@ def _config_get_config_dict(cls, *args, **kwargs):
 
 
 def _save_pretrained(self, save_directory, *args, **kwargs):
+    if kwargs.get("push_to_hub") and _variant_hook("portable_kind")(self) is not None:
+        raise ValueError(
+            "save_pretrained(push_to_hub=True) uploads before hf_condinit adds the code this checkpoint needs "
+            "(condinit_modeling.py); save without push_to_hub and call model.push_to_hub(repo_id) instead."
+        )
     result = _original("save_pretrained")(self, save_directory, *args, **kwargs)
     if kwargs.get("is_main_process", args[0] if args else True):
         _variant_hook("write_portable")(self, save_directory)

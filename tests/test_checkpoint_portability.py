@@ -181,6 +181,13 @@ def test_plain_checkpoints_stay_plain(tmp_path):
         assert "AutoModelForCausalLM.from_pretrained(path)" in loading_instructions(model)
 
 
+def test_push_to_hub_from_save_pretrained_is_refused_before_anything_is_written(tmp_path):
+    model, _ = _build("gpt2", "preconditioned")
+    with pytest.raises(ValueError, match=r"call model.push_to_hub\(repo_id\) instead"):
+        model.save_pretrained(tmp_path / "out", push_to_hub=True)
+    assert not (tmp_path / "out").exists()
+
+
 def test_bundle_imports_only_torch_and_transformers(tmp_path):
     """What HF's dynamic-module loader checks before running the file: no relative import, only installed packages."""
     from transformers.dynamic_module_utils import get_imports, get_relative_imports

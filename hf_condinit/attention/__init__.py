@@ -33,7 +33,7 @@ from torch import nn
 from ..modules import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
-from .portable import PORTABLE_FILE, plugin_config_dict, write_portable
+from .portable import PORTABLE_FILE, plugin_config_dict, portable_kind, write_portable
 from .preconditioned import preconditioned_attention_forward
 from .spectral import apply_spectral_conditioning, merge_spectral, remove_spectral
 
@@ -48,6 +48,7 @@ __all__ = [
     "no_decay_parameter_names",
     "condinit_state_dict",
     "write_portable",
+    "portable_kind",
     "plugin_config_dict",
     "apply_spectral_conditioning",
     "merge_spectral",
