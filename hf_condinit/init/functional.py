@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 __all__ = ["semi_orthogonal_", "block_identity", "rect_identity_", "mimetic_factors", "mimetic_target", "MIMETIC_TOL",
@@ -86,17 +87,23 @@ def mimetic_factors(target: torch.Tensor, rank: int | None = None) -> tuple[torc
 
     - ``D < SUBSPACE_MIN_DIM``, ``2·r > D`` (e.g. the full-rank VO target of a multi-head block), or ``target`` not
       on the CPU: the full ``torch.linalg.svd`` of A, the original implementation, bit for bit.
-    - otherwise `_top_singular_factors`: only the top-r singular subspace, ~3–4× faster at D = 1280, r = 64.
+    - otherwise `_top_singular_factors`: only the top-r singular subspace, ~3× faster at D = 1280–1728, r = 64
+      (the full SVD again if LAPACK reports that it did not converge).
     """
     dim = target.shape[0]
     r = dim if rank is None else rank
     kept = min(r, dim)
-    if dim < SUBSPACE_MIN_DIM or 2 * kept > dim or target.device.type != "cpu":
+    factors = None
+    if dim >= SUBSPACE_MIN_DIM and 2 * kept <= dim and target.device.type == "cpu":
+        try:
+            factors = _top_singular_factors(target, kept)[:2]
+        except np.linalg.LinAlgError:  # syevx did not converge (LAPACK info > 0): the full SVD below
+            pass
+    if factors is None:
         u, s, vh = torch.linalg.svd(target)
         root = s.sqrt()
-        left, right = (u * root)[:, :kept], (root[:, None] * vh)[:kept]
-    else:
-        left, right, _ = _top_singular_factors(target, kept)
+        factors = (u * root)[:, :kept], (root[:, None] * vh)[:kept]
+    left, right = factors
     if r > kept:
         left = torch.cat([left, left.new_zeros(dim, r - kept)], dim=1)
         right = torch.cat([right, right.new_zeros(r - kept, dim)], dim=0)
