@@ -181,6 +181,18 @@ def test_plain_checkpoints_stay_plain(tmp_path):
         assert "AutoModelForCausalLM.from_pretrained(path)" in loading_instructions(model)
 
 
+def test_a_family_transformers_does_not_ship_saves_as_before(tmp_path):
+    """Crammed BERT (registered by hf_condinit): no portable file (plain transformers refuses its model type)."""
+    from utils import mini_config
+
+    model = AutoModelForMaskedLM.from_config(mini_config("crammed_bert"), attn_implementation="affine_scaled")
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "crammed_bert"
+    assert not (tmp_path / PORTABLE_FILE).exists()
+    assert "registered by hf_condinit" in loading_instructions(model)
+    assert AutoModelForMaskedLM.from_pretrained(tmp_path).config.condinit_attention == "affine_scaled"
+
+
 def test_push_to_hub_from_save_pretrained_is_refused_before_anything_is_written(tmp_path):
     model, _ = _build("gpt2", "preconditioned")
     with pytest.raises(ValueError, match=r"call model.push_to_hub\(repo_id\) instead"):

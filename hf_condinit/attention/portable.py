@@ -179,7 +179,13 @@ def auto_class_name(model: nn.Module) -> str:
 def loading_instructions(model: nn.Module) -> str:
     """Markdown for a model card: which kind of checkpoint ``model`` saves and how to load it, with or without
     hf_condinit."""
+    from transformers.models.auto import configuration_auto
+
     kind, auto = portable_kind(model), auto_class_name(model)
+    if model.config.model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+        return (f"Model type `{model.config.model_type}` is registered by hf_condinit, not shipped by transformers: "
+                f"`import hf_condinit` before `transformers.{auto}.from_pretrained(path)` (plain transformers refuses "
+                "the unknown model type).\n")
     if kind is None:
         return (f"A plain transformers checkpoint (hf_condinit's init schemes and merged spectral conditioning are "
                 f"ordinary weights): `transformers.{auto}.from_pretrained(path)` loads it, with or without "
@@ -215,6 +221,8 @@ def write_portable(model: nn.Module, save_directory: str | os.PathLike) -> bool:
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
     base = config.get("condinit_base_model_type") or config["model_type"]
+    if base not in configuration_auto.CONFIG_MAPPING_NAMES:
+        return False  # a family transformers does not ship (Crammed BERT): plain transformers refuses it anyway
     source = bundle_source(base)
     auto_map = {}
     for auto, mapping in _AUTO_CLASSES.items():
