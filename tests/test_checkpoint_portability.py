@@ -26,7 +26,7 @@ import hf_condinit  # noqa: E402
 from hf_condinit.attention.portable import PORTABLE_FILE, bundle_source, loading_instructions  # noqa: E402
 from hf_condinit.attention.reference import randomise_holders  # noqa: E402
 
-from utils import REPO, TINYSTORIES, load_script, needs  # noqa: E402
+from utils import TINYSTORIES, load_script, needs  # noqa: E402
 
 CONFIGS = {
     "gpt2": dict(n_layer=2, n_embd=32, n_head=4, vocab_size=101, n_positions=64, bos_token_id=0, eos_token_id=0),
@@ -45,7 +45,7 @@ CONCRETE = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "bert": "Ber
 # Runs in a fresh interpreter: hf_condinit cannot be imported; prints one JSON line per checkpoint.
 PLAIN_LOADER = textwrap.dedent(
     """
-    import importlib.abc, json, sys, warnings
+    import importlib.abc, json, sys
     class Blocker(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
             if name.split(".")[0] == "hf_condinit":
