@@ -1,6 +1,7 @@
 """Worker of tests/test_affine_scaled_sync.py: a tiny affine_scaled GPT-2 trained on fixed global batches.
 
-``--mode single`` (no launcher) trains on the whole global batch in one process; ``--mode ddp`` (under torchrun) and
+``--mode single`` (no launcher) trains on the whole global batch in one process; ``--mode ddp`` (under torchrun; then
+again with each rank's α_ma statistic reduced over that rank alone, ``ddp-local``, the behaviour before the fix) and
 ``--mode deepspeed`` (under the deepspeed launcher; ZeRO-1, 2 and 3 one after the other, each from the same fresh
 model) give rank r the r-th slice of every global batch. The loss is the sum of token losses divided by the global
 number of target tokens (× world size, since DDP and DeepSpeed average gradients over ranks), so every mode takes
@@ -74,12 +75,18 @@ def run_ddp(out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from hf_condinit.modules import AffineScaledHolder
+
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build().train()
-    ddp = DistributedDataParallel(model)
-    train(ddp, sgd_step(torch.optim.SGD(ddp.parameters(), lr=LR)), rank, world)
-    torch.save(state(model), os.path.join(out, f"ddp-rank{rank}.pt"))
+    own_group = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group
+    for tag, group in (("ddp", None), ("ddp-local", own_group)):  # "ddp-local": α_ma reduced over this rank only
+        AffineScaledHolder.process_group = group
+        model = build().train()
+        ddp = DistributedDataParallel(model)
+        train(ddp, sgd_step(torch.optim.SGD(ddp.parameters(), lr=LR)), rank, world)
+        torch.save(state(model), os.path.join(out, f"{tag}-rank{rank}.pt"))
+    AffineScaledHolder.process_group = None
     dist.destroy_process_group()
 
 

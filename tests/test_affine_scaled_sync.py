@@ -62,6 +62,11 @@ def test_ddp_torchrun_two_processes(tmp_path, single):
     _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", _free_port(),
              WORKER, "--mode", "ddp"], tmp_path)
     _check(tmp_path, "ddp", single)
+    # the same run with α_ma's statistic reduced over each rank alone (process_group = a 1-rank group): the ranks
+    # end with different α_ma (DDP broadcasts rank 0's buffers before each forward, not after the last update)
+    local = [torch.load(tmp_path / f"ddp-local-rank{r}.pt") for r in (0, 1)]
+    keys = [k for k in local[0] if k.endswith("alpha_ma")]
+    assert max((local[0][k] - local[1][k]).abs().max().item() for k in keys) > 1e-4
 
 
 def test_deepspeed_launcher_zero_1_2_3_two_processes(tmp_path, single):
