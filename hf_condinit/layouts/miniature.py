@@ -7,9 +7,10 @@ by the coverage table (`hf_condinit.coverage`). What changes (in the config and 
   so sliding/global and dense/linear mixes stay mixed);
 - width → 64, query heads → 4, head dimension → 16 where the config has one; key/value heads keep their relation
   to the query heads (all → 4, one → 1 (MQA), otherwise → 2 (GQA));
-- a rotary dimension (GPT-J, CodeGen) → 8, so rotary stays partial;
+- a rotary dimension (GPT-J, CodeGen) → 8, so rotary stays partial; multimodal RoPE sections rescaled to sum to 8;
 - feed-forward widths → 128, experts → 4 (2 per token), vocabulary → at most 512 (special token ids past it move to its top),
-  sliding windows → 4 tokens (shorter than the 6-token inputs, so they act).
+  sliding windows → 4 tokens (shorter than the 6-token inputs, so they act), images → 32 pixels (at least two
+  patches a side).
 
 Everything else (flags such as ``new_decoder_architecture``, ``multi_query``, ``alibi``, ``qk_layernorm``,
 ``partial_rotary_factor``, softcapping) is kept.
@@ -18,6 +19,7 @@ Everything else (flags such as ``new_decoder_architecture``, ``multi_query``, ``
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 
@@ -38,7 +40,7 @@ _TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "num_selected_experts")
 _ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id", "mask_token_id",
             "decoder_start_token_id", "unk_token_id")
 
-LAYERS, WIDTH, HEADS, HEAD_DIM, FFN, EXPERTS, TOPK, VOCAB, WINDOW = 2, 64, 4, 16, 128, 4, 2, 512, 4
+LAYERS, WIDTH, HEADS, HEAD_DIM, FFN, EXPERTS, TOPK, VOCAB, WINDOW, IMAGE = 2, 64, 4, 16, 128, 4, 2, 512, 4, 32
 
 
 def _is_int(v) -> bool:
@@ -103,12 +105,24 @@ def _shrink_dict(d: dict) -> dict:
             elif isinstance(value, list):
                 d[key] = [remap.setdefault(v, VOCAB - 1 - len(remap)) if _is_int(v) and v >= VOCAB else v
                           for v in value]
+    if _is_int(d.get("image_size")) and d["image_size"] > IMAGE:  # keeps a few patches (and small convolutions)
+        patch = d.get("patch_size") if _is_int(d.get("patch_size")) else 1
+        d["image_size"] = max(IMAGE, 2 * patch)
     if _is_int(d.get("sliding_window")) and d["sliding_window"] > WINDOW:
         d["sliding_window"] = WINDOW
     for key, value in list(d.items()):
         if isinstance(value, dict) and "model_type" in value:
             d[key] = _shrink_dict(value)
+        elif isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
+            d[key] = {**value, "mrope_section": _rescaled(value["mrope_section"], HEAD_DIM // 2)}
     return d
+
+
+def _rescaled(sections: list[int], total: int) -> list[int]:
+    """Multimodal RoPE sections (they must sum to head_dim / 2) scaled to ``total``, each at least 1."""
+    scaled = [max(1, round(s * total / sum(sections))) for s in sections]
+    scaled[0] += total - sum(scaled)
+    return scaled
 
 
 def shrink_config(config):
@@ -131,7 +145,8 @@ def build_miniature(model_class, config):
 
 
 def miniature_inputs(model, batch: int = 2, seq: int = 6, seed: int = 0) -> dict | None:
-    """Forward kwargs for a miniature (random token ids, or pixels), or None when the input kind is not known."""
+    """Forward kwargs for a miniature (random token ids, or pixels; both for dual encoders such as CLIP), or None
+    when the input kind is not known."""
     gen = torch.Generator().manual_seed(seed)
     config = model.config
     name = getattr(model, "main_input_name", "input_ids")
@@ -143,13 +158,23 @@ def miniature_inputs(model, batch: int = 2, seq: int = 6, seed: int = 0) -> dict
         inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=gen)}
         if getattr(config, "is_encoder_decoder", False):
             inputs["decoder_input_ids"] = torch.randint(0, vocab, (batch, seq), generator=gen)
+        vision = getattr(config, "vision_config", None)
+        takes_pixels = "pixel_values" in inspect.signature(model.forward).parameters
+        image_tokens = any(getattr(config, k, None) is not None for k in ("image_token_id", "image_token_index"))
+        if vision is not None and takes_pixels and not image_tokens:  # dual encoders (CLIP): both towers run
+            pixels = _pixels(vision, batch, gen)
+            if pixels is not None:
+                inputs["pixel_values"] = pixels
         return inputs
     if name == "pixel_values":
-        vision = getattr(config, "vision_config", None) or config
-        size = getattr(vision, "image_size", None)
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        channels = getattr(vision, "num_channels", 3)
-        if not _is_int(size):
-            return None
-        return {"pixel_values": torch.randn(batch, channels, size, size, generator=gen)}
+        pixels = _pixels(getattr(config, "vision_config", None) or config, batch, gen)
+        return None if pixels is None else {"pixel_values": pixels}
     return None
+
+
+def _pixels(vision, batch: int, gen: torch.Generator) -> torch.Tensor | None:
+    size = getattr(vision, "image_size", None)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    if not _is_int(size):
+        return None
+    return torch.randn(batch, getattr(vision, "num_channels", 3), size, size, generator=gen)
