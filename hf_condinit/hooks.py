@@ -116,12 +116,29 @@ def _from_config(cls, config, **kwargs):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         if text is not config:  # multimodal: the language model, built (and initialised) as a sub-model, gets it
             text.condinit = config.condinit
-    model = _original("_from_config")(cls, config, **kwargs)
+    scoped = _variant_on_language_model(config, kwargs)
+    model = _original("_from_config")(cls, config, **scoped)
+    if scoped is not kwargs:  # recorded on the saved text config, so from_pretrained rebuilds the language model with it
+        model.config.get_text_config().condinit_attention = kwargs["attn_implementation"]
     cfg = api.resolved_condinit(model.config)
     if cfg is not None and any(api._is_zero3_param(p) for p in model.parameters()):
         api.apply_init(model, cfg)
         _variant_hook("after_zero3_init")(model, get_layout(model), model.config)
     return model
+
+
+def _variant_on_language_model(config, kwargs: dict) -> dict:
+    """A variant named on a multimodal model (a separate ``text_config``) goes to its language model only; the other
+    towers keep SDPA (HF's per-sub-config ``attn_implementation`` dict), so no holder is asked of a vision tower."""
+    impl = kwargs.get("attn_implementation")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not isinstance(impl, str) or impl not in ATTENTION_VARIANTS or text is config:
+        return kwargs
+    keys = [k for k in getattr(config, "sub_configs", {}) if getattr(config, k, None) is not None]
+    text_keys = [k for k in keys if getattr(config, k) is text]
+    if not text_keys:
+        return kwargs
+    return {**kwargs, "attn_implementation": {"": "sdpa", **{k: "sdpa" for k in keys}, text_keys[0]: impl}}
 
 
 def _config_from_dict(cls, config_dict, **kwargs):

@@ -75,3 +75,21 @@ def test_coverage_cli_on_a_fixed_list(tmp_path, capsys):
     text = readme.read_text()
     assert "old" not in text and "`qwen3`" in text and text.endswith("rest\n")
     assert main(["--types", "not_a_model_type", "--out", str(out)]) == 2
+
+
+def test_variant_on_a_multimodal_model_goes_to_its_language_model_and_survives_save_load(tmp_path):
+    from hf_condinit.modules import iter_holders
+    from hf_condinit.layouts.miniature import miniature_inputs
+
+    auto, config = small("idefics3")  # its vision tower has no layout: it must keep SDPA, not fail
+    model = auto.from_config(config, attn_implementation="attention_sink").eval()
+    names = [n for n, _ in iter_holders(model)]
+    assert len(names) == 2 and all(n.startswith("text_model.") for n in names)
+    with torch.no_grad():
+        for _, holder in iter_holders(model):
+            holder.logit.fill_(0.5)
+    inputs = miniature_inputs(model)
+    model.save_pretrained(tmp_path)
+    reloaded = auto.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs)[0], model(**inputs)[0])
