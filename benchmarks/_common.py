@@ -624,7 +624,7 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
            blimp_dir: Optional[str] = None) -> dict:
     from transformers import PrinterCallback, default_data_collator
 
-    from hf_condinit.callbacks import RunReportCallback
+    from hf_condinit.callbacks import NonFiniteLossError, RunReportCallback
     from hf_condinit.scripts_common import CondInitTrainer, evaluate_with_perplexity, train_and_save
 
     tok = data.tokenizer
@@ -651,22 +651,37 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
     if spec.kappa_at:
         steps = {min(spec.steps, int(round(f * spec.steps))) for f in spec.kappa_at}
         trainer.add_callback(kappa_callback(data.val, spec.kappa_probe, steps).bind(trainer))
-    train_metrics = train_and_save(trainer, data.train, None, spec.block_size)
+    t_train = time.perf_counter()
+    diverged = None
+    try:
+        train_metrics = train_and_save(trainer, data.train, None, spec.block_size)
+    except NonFiniteLossError as err:
+        # a diverged run is a result (loss NaN: never a best learning rate), not a crash of the sweep: keep what the
+        # Trainer logged up to the stop, skip the evaluations
+        diverged = str(err)
+        trainer.save_model()
+        trainer.save_state()
+        train_metrics = {"train_runtime": time.perf_counter() - t_train}
+        trainer.save_metrics("train", train_metrics)
     hook.remove()
-    # final held-out evaluation: the whole split, or its first ``extra["final_eval_blocks"]`` blocks
-    n_final = spec.extra.get("final_eval_blocks")
-    trainer.eval_dataset = data.val if n_final is None else data.val.select(range(min(n_final, len(data.val))))
-    final = evaluate_with_perplexity(trainer, trainer.eval_dataset)
-    trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
-    eval_files = evaluate_files(trainer, eval_sets or {}, final)
     blimp = None
-    if blimp_dir:
-        blimp = evaluate_blimp(model, data.tokenizer, blimp_dir)
-        final["blimp_accuracy"] = blimp["blimp_accuracy"]
-        trainer.save_metrics("eval", final)
+    if diverged is None:
+        # final held-out evaluation: the whole split, or its first ``extra["final_eval_blocks"]`` blocks
+        n_final = spec.extra.get("final_eval_blocks")
+        trainer.eval_dataset = data.val if n_final is None else data.val.select(range(min(n_final, len(data.val))))
+        final = evaluate_with_perplexity(trainer, trainer.eval_dataset)
+        trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
+        eval_files = evaluate_files(trainer, eval_sets or {}, final)
+        if blimp_dir:
+            blimp = evaluate_blimp(model, data.tokenizer, blimp_dir)
+            final["blimp_accuracy"] = blimp["blimp_accuracy"]
+            trainer.save_metrics("eval", final)
+    else:
+        final = dict(eval_loss=math.nan, perplexity=math.inf)
+        eval_files = {n: dict(loss=math.nan, ppl=math.inf, blocks=len(ds)) for n, ds in (eval_sets or {}).items()}
 
     rec: dict[str, Any] = summarize_trainer_run(run_dir)
-    tokens_seen = spec.steps * spec.batch_size * spec.block_size
+    tokens_seen = trainer.state.global_step * spec.batch_size * spec.block_size
     train_tokens = data.info["train_blocks"] * spec.block_size
     rec.update(spec=asdict(spec), key=spec.key(), arm=spec.arm, seed=spec.seed, setting=spec.setting,
                **param_counts(model), data=data.info, step0=step0, build_seconds=t_build, run_dir=run_dir,
@@ -674,7 +689,10 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
                initial_eval_loss=rec["eval_curve"][0][1], final_eval_loss=final["eval_loss"],
                final_eval_ppl=final["perplexity"], tokens_seen=tokens_seen, epochs=tokens_seen / train_tokens,
                train_runtime=train_metrics["train_runtime"], torch_threads=torch.get_num_threads())
-    rec["tokens_per_s"] = tokens_seen / max(rec["train_seconds"], 1e-9)
+    rec["tokens_per_s"] = tokens_seen / max(rec["train_seconds"] or 0.0, 1e-9)
+    if diverged is not None:
+        rec.setdefault("diverged_at", trainer.state.global_step)
+        rec["diverged"] = diverged
     if hasattr(model.transformer.h[0].attn, "condinit_affine"):
         rec["alpha_ma"] = [[float(a) for a in blk.attn.condinit_affine.alpha_ma] for blk in model.transformer.h]
     return rec

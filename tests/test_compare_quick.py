@@ -267,3 +267,16 @@ def test_compare_user_errors_exit_2(tmp_path, capsys):
         msg = capsys.readouterr().err.strip().splitlines()
         assert len(msg) == 1 and msg[0].startswith("compare.py: error: "), msg
     assert not (tmp_path / "never").exists()
+
+
+def test_compare_diverged_run_is_recorded_not_a_crash(tmp_path):
+    """A run whose loss becomes NaN (the Trainer stops it) is a finished run with loss NaN and the step it diverged
+    at, so a sweep's workers go on (a too-large learning rate of a grid is a result)."""
+    compare = _load_compare()
+    out = tmp_path / "diverged"
+    results = compare.main(["--quick", "--data", _data_file(tmp_path), "--max-bytes", "100000", "--out", str(out),
+                            "--threads", "1", "--steps", "8", "--lr", "1e30", "--arms", "default", "--kappa-at"])
+    rec = json.loads((out / "runs/base/default/seed0.json").read_text())
+    assert "diverged" in rec["diverged"] and 0 < rec["diverged_at"] < 8 and math.isnan(rec["final_eval_loss"])
+    assert rec["tokens_seen"] == rec["steps"] * 8 * 64 and rec["steps"] < 8
+    assert results["settings"]["base"]["arms"]["default"]["diverged"] == [0]
