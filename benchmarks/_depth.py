@@ -393,7 +393,7 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
              "seeds. '–': not finished (or recorded without BLiMP).\n"]
     lines.append(f"Learning-rate grid (depth {p.grid_depth} × {p.width}, {p.grid_tpp:g} tokens per parameter, seed 0; "
                  f"loss on {metric}; BLiMP % in brackets):\n")
-    lrs = sorted({float(x) for g in res["grid"].values() for x in g["loss_by_lr"]})
+    lrs = sorted({float(x) for g in res["grid"].values() for x in g["tried"]})
     lines.append("| arm | " + " | ".join(f"lr {x:g}" for x in lrs) + " | best lr |")
     lines.append("|---|" + "---|" * (len(lrs) + 1))
     for a, g in res["grid"].items():
