@@ -254,6 +254,10 @@ def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_che
     recorded = getattr(self.config, "condinit_attention", None)
     if attn_implementation is None and recorded:
         attn_implementation = recorded
+    if is_init_check and isinstance(attn_implementation, str) and attn_implementation in ATTENTION_VARIANTS:
+        # before the blocks are built: a family that computes attention inline in the installed transformers may
+        # look the name up in its own table of attention classes (Falcon, GPT-J in 5.17: KeyError)
+        get_layout(self.config).check_variant(self.config, attn_implementation)
     return _original("_check_and_adjust_attn_implementation")(self, attn_implementation, is_init_check, **kwargs)
 
 

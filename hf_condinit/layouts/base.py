@@ -179,7 +179,9 @@ class AttentionLayout:
         if getattr(text, "alibi", False) is True:
             return ("its ALiBi position bias reaches the attention function inside the attention mask, which the "
                     "variants read as visibility only")
-        return None
+        from .detect import installed_route_refusal  # imported here: detect builds on this module
+
+        return installed_route_refusal(self, config)
 
     def check_variant(self, config, implementation: str) -> None:
         """Raise `LayoutError` (before any model work) when ``implementation`` cannot run on this family."""

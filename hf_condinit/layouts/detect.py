@@ -23,12 +23,12 @@ from torch import nn
 
 from .base import AttentionLayout, LayoutError, text_scope
 from .fused import FusedQKVLayout
-from .miniature import build_miniature, miniature_inputs
+from .miniature import build_miniature, miniature_inputs, shrink_config
 from .proof import LayoutProof, prove_layout
 from .separate import SeparateQKVLayout, storage_of
 
 __all__ = ["SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout", "refusal_reason",
-           "REGISTER_HINT"]
+           "REGISTER_HINT", "proof_refusal", "installed_route_refusal"]
 
 SEPARATE_NAMES = (
     ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"),
@@ -132,15 +132,51 @@ def candidate_layouts(model: nn.Module) -> list[AttentionLayout]:
     return out
 
 
+def proof_refusal(proof: LayoutProof) -> str | None:
+    """Why the attention variants cannot run where ``proof`` recorded the attention (None: they can)."""
+    if proof.via != "interface":
+        return "its attention is computed inline, not through HF's attention interface, where the variants plug in"
+    if proof.extra:
+        return f"its attention function receives {', '.join(proof.extra)}, which the variants do not implement"
+    return None
+
+
 def _with_core(layout: AttentionLayout, proof: LayoutProof) -> AttentionLayout:
     layout.core = proof.core or ""
-    if proof.via != "interface":
-        layout.variant_refusal = ("its attention is computed inline, not through HF's attention interface, where "
-                                  "the variants plug in")
-    elif proof.extra:
-        layout.variant_refusal = (f"its attention function receives {', '.join(proof.extra)}, which the variants "
-                                  "do not implement")
+    layout.variant_refusal = proof_refusal(proof)
     return layout
+
+
+_ROUTES: dict[tuple, str | None] = {}
+
+
+def installed_route_refusal(layout: AttentionLayout, config) -> str | None:
+    """Why the variants cannot run on ``config``'s model in the INSTALLED transformers because its attention does
+    not go through HF's attention interface (None: it does, or there is no base model class to tell).
+
+    A family's route changes between transformers versions (GPT-J and CodeGen compute attention inline in 5.17 and
+    call the interface in 5.25), so a static table cannot say it. A base model class that declares
+    ``_supports_attention_backend`` calls the interface; for one that does not (some still do, e.g. Falcon in 5.25),
+    the layout proof on a miniature of ``config`` records where the attention is computed. Cached per (transformers
+    version, miniature config) for the process.
+    """
+    from transformers import AutoModel
+
+    if type(config) not in AutoModel._model_mapping:
+        return None
+    model_class = AutoModel._model_mapping[type(config)]
+    if getattr(model_class, "_supports_attention_backend", False):
+        return None
+    key = (transformers.__version__, shrink_config(config).to_json_string())
+    if key not in _ROUTES:
+        mini = build_miniature(model_class, config)
+        inputs = miniature_inputs(mini)
+        if inputs is None:
+            _ROUTES[key] = (f"{model_class.__name__} does not declare HF's attention interface "
+                            "(_supports_attention_backend) and no miniature input could be built to check it")
+        else:
+            _ROUTES[key] = proof_refusal(prove_layout(mini, layout, inputs))
+    return _ROUTES[key]
 
 
 def detect_layout(model: nn.Module, inputs: dict) -> tuple[AttentionLayout, LayoutProof]:
