@@ -168,7 +168,14 @@ class AttentionLayout:
         raise NotImplementedError
 
     def refuse_variant(self, config) -> str | None:
-        """Why the attention variants cannot run on a model of this family with this config (None: they can)."""
+        """Why the attention variants cannot run on a model of this family with this config (None: they can).
+
+        The table's fixed reason comes first, then what the config says (logit softcapping, ALiBi), then the route the
+        *installed* transformers takes (:func:`.detect.installed_route_refusal`: the model class's
+        ``_supports_attention_backend`` flag, else the layout proof on a miniature of this config), since whether a
+        family computes attention inline changes between transformers versions (GPT-J / CodeGen: inline in 5.17,
+        through the attention interface in 5.25).
+        """
         if self.variant_refusal:
             return self.variant_refusal
         text = config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -2,9 +2,11 @@
 
 Every entry is proved against the model's own forward on a miniature in ``tests/test_layouts.py``
 (`hf_condinit.layouts.proof`); model types not listed here get a layout detected and proved at run time
-(`hf_condinit.layouts.detect`). ``variant_refusal`` records why a family cannot take the attention variants
-(`affine_scaled`, `attention_sink`, `preconditioned`): attention computed inline instead of through HF's attention
-interface, or terms the variants do not implement. Spectral conditioning (hooks on the projections) applies to all.
+(`hf_condinit.layouts.detect`). ``variant_refusal`` records why a family can never take the attention variants
+(`affine_scaled`, `attention_sink`, `preconditioned`): terms the variants do not implement, or attention that is
+inline in every supported transformers version. Whether the installed transformers routes a family's attention
+through HF's attention interface is decided at run time (``AttentionLayout.refuse_variant``), not here. Spectral
+conditioning (hooks on the projections) applies to all.
 """
 
 from __future__ import annotations
