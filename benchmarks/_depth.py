@@ -591,22 +591,8 @@ def run(args) -> dict:
     eval_name = os.path.basename(os.path.normpath(eval_files[0]))
     if args.report_only:
         return report(out, p, eval_name if args.eval_file else None, args.copy_plots)
-    os.makedirs(out, exist_ok=True)
-    if not os.path.exists(os.path.join(out, ".gitignore")):
-        with open(os.path.join(out, ".gitignore"), "w") as f:
-            f.write(S.GITIGNORE.replace("--scale-sweep", "--depth-sweep"))
-    C.set_threads(args.threads)
-    C.quiet_transformers()
     blimp = C.blimp_dir_for(args, "depth")
-    try:
-        data = C.prepare_data(C.resolve_data_paths(args.data), vocab_size=p.vocab_size, block_size=p.block_size,
-                              max_bytes=args.max_bytes or p.max_bytes, cache_dir=os.path.join(out, "cache"))
-        eval_sets, eval_info = {}, {}
-        for path in eval_files:
-            name = os.path.basename(os.path.normpath(path))
-            eval_sets[name], eval_info[name] = C.prepare_eval_file(path, data)
-    except ValueError as err:
-        fail(str(err))
+    data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
     full = plan(p, state, placeholder=True)
     done = [r for r in full if _finished_record(out, r) is not None]

@@ -583,24 +583,16 @@ def check_fixed(args, mode: str = "--scale-sweep", module: str = "benchmarks/_sc
                  f"QUICK); drop --{name.replace('_', '-')}")
 
 
-def run(args) -> dict:
-    """``compare.py --scale-sweep`` (after :func:`check_fixed` and compare.py's checks): plan, estimate, train the
-    unfinished runs (resumable), report."""
-    p = QUICK if args.quick else FULL
-    out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale_quick" if args.quick else "scale")
-    eval_files = args.eval_file or [WIKI_VALID]
-    eval_name = os.path.basename(os.path.normpath(eval_files[0]))
-    if args.report_only:
-        return report(out, p, eval_name if args.eval_file else None, args.copy_plots)
+def prepare_sweep(args, p, out: str, eval_files: list[str], mode: str):
+    """What every sweep does before planning: the output folder with its ``.gitignore`` (records kept, caches not),
+    threads, quiet logging, the tokenised training data and each held-out file. Returns ``(data, eval_sets,
+    eval_info)``, the last two keyed by file name; a data error exits 2."""
     os.makedirs(out, exist_ok=True)
     if not os.path.exists(os.path.join(out, ".gitignore")):
         with open(os.path.join(out, ".gitignore"), "w") as f:
-            f.write(GITIGNORE)
+            f.write(GITIGNORE.replace("--scale-sweep", mode))
     C.set_threads(args.threads)
     C.quiet_transformers()
-    runs = plan(p)
-    todo = [r for r in runs if not C.finished(record_paths(out, r)[0], r)]
-    blimp = C.blimp_dir_for(args, "scale")
     try:
         data = C.prepare_data(C.resolve_data_paths(args.data), vocab_size=p.vocab_size, block_size=p.block_size,
                               max_bytes=args.max_bytes or p.max_bytes, cache_dir=os.path.join(out, "cache"))
@@ -610,6 +602,22 @@ def run(args) -> dict:
             eval_sets[name], eval_info[name] = C.prepare_eval_file(path, data)
     except ValueError as err:
         fail(str(err))
+    return data, eval_sets, eval_info
+
+
+def run(args) -> dict:
+    """``compare.py --scale-sweep`` (after :func:`check_fixed` and compare.py's checks): plan, estimate, train the
+    unfinished runs (resumable), report."""
+    p = QUICK if args.quick else FULL
+    out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale_quick" if args.quick else "scale")
+    eval_files = args.eval_file or [WIKI_VALID]
+    eval_name = os.path.basename(os.path.normpath(eval_files[0]))
+    if args.report_only:
+        return report(out, p, eval_name if args.eval_file else None, args.copy_plots)
+    runs = plan(p)
+    todo = [r for r in runs if not C.finished(record_paths(out, r)[0], r)]
+    blimp = C.blimp_dir_for(args, "scale")
+    data, eval_sets, eval_info = prepare_sweep(args, p, out, eval_files, "--scale-sweep")
     eval_tokens = sum(i["evaluated_tokens"] for i in eval_info.values())
     for line in estimate_lines(runs, todo, load_costs(out, p), eval_tokens, out):
         print(line, file=sys.stderr)
