@@ -70,9 +70,22 @@ ARMS: dict[str, tuple[str, str, dict]] = {
 }
 
 
+TRAIN_DEVICE = "cpu"  # where the harness trains and evaluates (compare.py --device; set_device)
+
+
 def set_threads(n: Optional[int]) -> None:
     if n:
         torch.set_num_threads(n)
+
+
+def set_device(device: str) -> None:
+    """Train and evaluate on ``device`` ("cpu" or "cuda": the Trainer's first GPU); "cuda" without one is a user
+    error (exit 2). The device is not part of a run's key: a record says where it ran (``device``), and a report
+    pools records of both, so a sweep compares arms on one device (pair by seed within a device)."""
+    global TRAIN_DEVICE
+    if device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: torch sees no GPU here; drop --device or run where torch.cuda.is_available()")
+    TRAIN_DEVICE = device
 
 
 def quiet_transformers() -> None:
@@ -497,7 +510,7 @@ def _training_arguments(spec: TrainSpec, run_dir: str):
         weight_decay=spec.weight_decay, adam_beta1=spec.betas[0], adam_beta2=spec.betas[1], adam_epsilon=1e-8,
         max_grad_norm=spec.grad_clip, logging_steps=spec.log_every, eval_strategy="steps",
         eval_steps=spec.eval_every, eval_on_start=True, save_strategy="no", report_to=[], seed=spec.seed,
-        data_seed=spec.seed, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+        data_seed=spec.seed, use_cpu=TRAIN_DEVICE == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         logging_nan_inf_filter=False,
     )
     return TrainingArguments(**kw)
@@ -526,7 +539,8 @@ def evaluate_saved_run(run_dir: str, spec: dict, eval_sets: dict) -> dict:
     from hf_condinit.scripts_common import CondInitTrainer, with_causal_loss_type
 
     model = with_causal_loss_type(AutoModelForCausalLM.from_pretrained(run_dir))
-    args = TrainingArguments(output_dir=run_dir, per_device_eval_batch_size=spec["batch_size"], use_cpu=True,
+    args = TrainingArguments(output_dir=run_dir, per_device_eval_batch_size=spec["batch_size"],
+                             use_cpu=TRAIN_DEVICE == "cpu",
                              report_to=[], disable_tqdm=True)
     trainer = CondInitTrainer(model=model, args=args, data_collator=default_data_collator)
     with open(os.path.join(run_dir, "eval_results.json")) as f:
@@ -640,7 +654,7 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
 
     def record_batch(module, args, kwargs):
         if module.training:
-            digest.update(kwargs["input_ids"].numpy().tobytes())
+            digest.update(kwargs["input_ids"].cpu().numpy().tobytes())
 
     hook = model.register_forward_pre_hook(record_batch, with_kwargs=True)
     curve = data.val.select(range(min(spec.eval_blocks, len(data.val))))
@@ -688,7 +702,8 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
                train_batches_sha256=digest.hexdigest(), eval_files=eval_files, blimp=blimp,
                initial_eval_loss=rec["eval_curve"][0][1], final_eval_loss=final["eval_loss"],
                final_eval_ppl=final["perplexity"], tokens_seen=tokens_seen, epochs=tokens_seen / train_tokens,
-               train_runtime=train_metrics["train_runtime"], torch_threads=torch.get_num_threads())
+               train_runtime=train_metrics["train_runtime"], torch_threads=torch.get_num_threads(),
+               device=device_name(model))
     rec["tokens_per_s"] = tokens_seen / max(rec["train_seconds"] or 0.0, 1e-9)
     if diverged is not None:
         rec.setdefault("diverged_at", trainer.state.global_step)
@@ -829,6 +844,12 @@ def write_json(path: str, obj: Any) -> None:
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1, default=float)
     os.replace(tmp, path)
+
+
+def device_name(model) -> str:
+    """Where ``model`` ran: "cpu" or the GPU's name (e.g. "cuda: NVIDIA H200")."""
+    dev = next(model.parameters()).device
+    return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else dev.type
 
 
 def machine_info() -> dict:

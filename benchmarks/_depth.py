@@ -33,6 +33,7 @@ printed before training (training, evaluation and BLiMP forward tokens; κ and t
     python benchmarks/compare.py --depth-sweep --threads 1                  # full mode (two workers: README)
     python benchmarks/compare.py --depth-sweep --quick --out /tmp/depth_q   # tiny sizes, a few steps
     python benchmarks/compare.py --depth-sweep --report-only                # tables / plots from finished runs
+    python benchmarks/compare.py --depth-sweep --depths 8 --device cuda     # one machine's share: depth 8 on a GPU
 """
 
 from __future__ import annotations
@@ -591,6 +592,10 @@ def run(args) -> dict:
     eval_name = os.path.basename(os.path.normpath(eval_files[0]))
     if args.report_only:
         return report(out, p, eval_name if args.eval_file else None, args.copy_plots)
+    mine = set(args.depths or p.depths)
+    if not mine <= set(p.depths):
+        fail(f"--depths {' '.join(map(str, sorted(mine - set(p.depths))))}: not in the plan; choose from "
+             f"{' '.join(map(str, p.depths))}")
     blimp = C.blimp_dir_for(args, "depth")
     data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
@@ -608,20 +613,21 @@ def run(args) -> dict:
         runs = plan(p, state)
         C.add_missing_blimp([paths(r) for r in runs if _finished_record(out, r) is not None], data.tokenizer, blimp,
                             "depth")
-        todo = [r for r in runs if _finished_record(out, r) is None and not _locked(paths(r)[0])]
+        todo = [r for r in runs if r.n_layer in mine and _finished_record(out, r) is None
+                and not _locked(paths(r)[0])]
         if todo:
             C.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
             continue
         undecided = [a for a in p.arms if state[a]["best"] is None]
-        if not undecided:
+        if not undecided or (p.grid_depth not in mine and not any(_locked(paths(r)[0]) for r in runs)):
             break
         print(f"[depth] waiting for another worker's grid runs ({', '.join(undecided)}); polling every "
               f"{POLL_SECONDS} s", file=sys.stderr)
         time.sleep(POLL_SECONDS)
     left = [r for r in plan(p, grid_state(out, p, eval_name)) if _finished_record(out, r) is None]
     if left:
-        print(f"[depth] {len(left)} runs are being done by another worker; run --report-only when they are finished",
-              file=sys.stderr)
+        print(f"[depth] {len(left)} runs are left to other workers (or other --depths); run --report-only when they "
+              "are finished", file=sys.stderr)
     if args.no_report:
         return {}
     return report(out, p, eval_name, args.copy_plots)

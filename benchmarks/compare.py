@@ -108,6 +108,11 @@ def parse_args(argv=None):
     p.add_argument("--sweep-seeds", type=int, default=1, help="seeds per sweep setting (default 1)")
     p.add_argument("--no-base", action="store_true", help="only the sweep (its default arm still comes from base)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores / workers)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="train and evaluate on the CPU (default) or the first GPU; each record says where it ran")
+    p.add_argument("--depths", type=int, nargs="+", default=None, metavar="N",
+                   help="--depth-sweep: train only the runs of these depths (grid runs included at the grid's "
+                        "depth), e.g. to split the sweep between machines; default every depth of the plan")
     p.add_argument("--report-only", action="store_true", help="only aggregate the finished runs")
     p.add_argument("--no-report", action="store_true", help="run, but leave the aggregation to another call")
     p.add_argument("--copy-plots", default=None, help="also copy the PNG plots into this directory")
@@ -628,6 +633,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.scale_sweep and args.depth_sweep:
         fail("--scale-sweep and --depth-sweep are two modes; pass one of them")
+    if args.depths is not None and not args.depth_sweep:
+        fail("--depths selects runs of the depth sweep; pass it with --depth-sweep")
+    C.set_device(args.device)
     if args.scale_sweep:
         import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
 

@@ -3,6 +3,7 @@ hand-written records, and ``--quick`` end to end (tiny sizes, a few steps, BLiMP
 
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -166,6 +167,15 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
     compare.main(argv + ["--no-report"])
     assert "left: 0 runs" in capsys.readouterr().err
     assert {q: q.stat().st_mtime_ns for q in records} == mtimes
+    # --depths: a worker trains only its depths' runs (one machine's share); the rest is left to others
+    shallow = next(r for r in planned if r.n_layer == 1)
+    os.remove(D.S.record_paths(str(out), shallow)[0])
+    compare.main(argv + ["--no-report", "--depths", "2"])
+    assert "1 runs are left to other workers" in capsys.readouterr().err
+    assert not os.path.exists(D.S.record_paths(str(out), shallow)[0])
+    compare.main(argv + ["--no-report", "--depths", "1"])
+    assert json.loads(open(D.S.record_paths(str(out), shallow)[0]).read())["device"] == "cpu"
+    records = sorted(out.glob("runs/*/*/seed*.json"))
     # --report-only from the records alone; a record without BLiMP (made before it) reads as "–"
     shutil.rmtree(out / "trainer")
     path = D.S.record_paths(str(out), spec)[0]
@@ -179,12 +189,27 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
     assert f"{100 * again['depths'][2]['conditioned_v0.25']['blimp'][0]:.2f} / – |" in row_md
 
 
-@pytest.mark.parametrize("extra", [["--arms", "default"], ["--lr", "1e-3"], ["--scale-sweep"]])
-def test_depth_fixed_flags_exit_2(tmp_path, capsys, extra):
+@pytest.mark.parametrize("extra, says", [
+    (["--arms", "default"], "--depth-sweep fixes"), (["--lr", "1e-3"], "--depth-sweep fixes"),
+    (["--scale-sweep"], "two modes"), (["--depths", "3"], "--depths 3: not in the plan; choose from 1 2"),
+    (["--device", "cuda"], "--device cuda: torch sees no GPU here")])
+def test_depth_fixed_flags_exit_2(tmp_path, capsys, extra, says):
+    import torch
+
+    if extra[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("a GPU is there: --device cuda is not an error")
     compare, _ = _modules()
     with pytest.raises(SystemExit) as err:
         compare.main(["--depth-sweep", "--quick", "--out", str(tmp_path / "never")] + extra)
     assert err.value.code == 2
     msg = capsys.readouterr().err.strip().splitlines()
-    assert len(msg) == 1 and ("--depth-sweep fixes" in msg[0] or "two modes" in msg[0])
+    assert len(msg) == 1 and says in msg[0]
     assert not (tmp_path / "never").exists()
+
+
+def test_depths_needs_the_depth_sweep(capsys):
+    compare, _ = _modules()
+    with pytest.raises(SystemExit) as err:
+        compare.main(["--quick", "--depths", "2"])
+    assert err.value.code == 2
+    assert "pass it with --depth-sweep" in capsys.readouterr().err
