@@ -89,11 +89,13 @@ def init_attention_block(
     cfg: CondInitConfig,
     *,
     loaded: str = "skip",
+    wrote: list | None = None,
 ) -> dict[str, Any]:
     """Apply ``cfg.method`` to one attention block in place and describe what was done.
 
     ``loaded`` says what to do with roles whose weight carries ``_is_hf_initialized`` (loaded from a checkpoint):
     ``"skip"`` them (the construction hooks), ``"raise"`` (`apply_init`'s default) or ``"overwrite"`` them.
+    ``wrote``: a list that receives every tensor written (weights and biases of the written roles).
     """
     geometry = layout.geometry(block, model_config)
     projs = layout.projections(block, geometry)
@@ -114,6 +116,8 @@ def init_attention_block(
     else:
         with torch.no_grad(), gathered(params):
             written = INIT_SCHEMES[cfg.method](todo, geometry, cfg, generator)
+        if wrote is not None and written:
+            wrote.extend(params)
     return {
         "ordinal": ordinal,
         "n_heads": geometry.n_heads,

@@ -92,14 +92,16 @@ def _blocks(model):
 def check_conditioned(model: nn.Module, qk_gain: float = 1.0, v_gain: float = 1.0, tol: float = 1e-4) -> int:
     """Assert conditioned init on the real weights; return the number of blocks checked.
 
-    Per query (key) head: W^ᵀW = qk_gain²·I (D, d) semi-orthogonal; per KV head j: W_V^j = v_gain·E_j with E_j the
+    Per query (key) head: W (D, d) semi-orthogonal, WᵀW = qk_gain²·I_d when d ≤ D, else W Wᵀ = qk_gain²·I_D (a head
+    wider than the model, e.g. a miniature's sliding-window heads); per KV head j: W_V^j = v_gain·E_j with E_j the
     (D, d) identity block at rows [j·d, (j+1)·d) mod D; q/k/v biases zero."""
     n = 0
     for _, g, projs in _blocks(model):
         n += 1
         for role in ("q", "k"):
             for h, w in enumerate(projs[role].heads(projs[role].weight.detach().double())):
-                err = (w.T @ w - qk_gain**2 * torch.eye(g.head_dim, dtype=w.dtype)).abs().max()
+                gram = w.T @ w if w.shape[1] <= w.shape[0] else w @ w.T
+                err = (gram - qk_gain**2 * torch.eye(gram.shape[0], dtype=w.dtype)).abs().max()
                 assert err <= tol, f"{role} head {h}: |WᵀW − I| = {err:.2e}"
         d = g.head_dim
         for j, w in enumerate(projs["v"].heads(projs["v"].weight.detach().double())):
@@ -162,10 +164,20 @@ def _first_tensor(output) -> torch.Tensor:
     raise RuntimeError("the model returned no floating-point tensor")
 
 
+def _float_outputs(output) -> list[torch.Tensor]:
+    """Every floating-point tensor of a model output, nested outputs (a dual encoder's per-tower outputs) included."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.is_floating_point() else []
+    values = output.values() if hasattr(output, "values") else output if isinstance(output, (tuple, list)) else []
+    return [t for v in values for t in _float_outputs(v)]
+
+
 def _forward_backward(model: nn.Module, inputs: dict) -> None:
+    """A forward and backward pass on Σ mean(t²) over every floating output (not only the first: GroupViT's first
+    output is computed from one pooled position that, with random ids, attends only to itself, so no gradient
+    would reach W_Q whatever the init); finite loss and gradients, and a gradient on the first block's W_Q."""
     model.train()
-    out = _first_tensor(model(**inputs))
-    loss = out.float().pow(2).mean()
+    loss = sum(t.float().pow(2).mean() for t in _float_outputs(model(**inputs)))
     if not torch.isfinite(loss):
         raise AssertionError(f"non-finite loss {loss.item()}")
     loss.backward()
@@ -241,6 +253,10 @@ def cover(model_type: str) -> Row:
                 layout, proof = detect.detect_layout(mini, inputs)
                 row.source = "detected"
                 detect._CACHE[(model_type, transformers.__version__)] = (layout, None)
+                refusal = detect.init_trial_refusal(config)
+                if refusal:
+                    detect._CACHE[(model_type, transformers.__version__)] = (None, refusal)
+                    raise LayoutError(f"hf_condinit refuses {model_type}: {refusal}")
         except LayoutError as err:
             row.status, row.reason = "refused", _short(err, 400)
             return row
@@ -260,7 +276,7 @@ def cover(model_type: str) -> Row:
             row.reason = "; ".join(f"{m}: {v}" for m, v in row.inits.items() if v != "ok")
         causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_class.__name__.endswith("CausalLM")
         for variant in VARIANTS:
-            refusal = None if variant == "spectral" else layout.refuse_variant(small)
+            refusal = None if variant == "spectral" else layout.refuse_variant(small, variant)
             if refusal:
                 row.variants[variant] = f"refused: {refusal}"
                 continue

@@ -1,6 +1,6 @@
 """Reversible hooks on `PreTrainedModel` that make ``condinit=`` and the attention variants one flag away.
 
-`install` (run on ``import hf_condinit``) wraps seven methods (five of `PreTrainedModel`, two of
+`install` (run on ``import hf_condinit``) wraps eight methods (six of `PreTrainedModel`, two of
 `PreTrainedConfig`) and registers the attention variants with HF's
 ``AttentionInterface`` / ``AttentionMaskInterface`` (`hf_condinit.attention.register_all`); `uninstall` restores the
 methods and unregisters the variants:
@@ -17,6 +17,11 @@ methods and unregisters the variants:
 - ``_initialize_weights`` (values): after the original, writes the scheme on each attention block and resets
   each holder, skipping every parameter flagged ``_is_hf_initialized`` — so ``from_pretrained`` never
   re-initialises loaded weights, whatever the config says.
+- ``initialize_weights`` (the init pass: ``post_init`` and ``from_pretrained``'s missing keys both run it): while it
+  runs, every tensor the scheme wrote carries ``_is_hf_initialized``, so a model's own later re-draw in the same
+  pass skips it (ImageGPT re-draws every ``c_proj`` weight from its root module's ``_init_weights``, after the
+  blocks: mimetic's W_O would be lost); the flags are removed when the pass ends, so a later ``apply_init`` still
+  sees those weights as its own.
 - ``_check_and_adjust_attn_implementation``: when the user names no attention implementation and the config
   records ``condinit_attention`` (a checkpoint saved with a variant), that variant is used, so the holders'
   saved parameters are loaded instead of dropped.
@@ -55,6 +60,7 @@ _HOOKED = {
     "_from_config": PreTrainedModel,
     "post_init": PreTrainedModel,
     "_initialize_weights": PreTrainedModel,
+    "initialize_weights": PreTrainedModel,
     "_check_and_adjust_attn_implementation": PreTrainedModel,
     "from_dict": PreTrainedConfig,
     "get_config_dict": PreTrainedConfig,
@@ -80,6 +86,7 @@ def install() -> None:
     PreTrainedModel._from_config = classmethod(_from_config)
     PreTrainedModel.post_init = _post_init
     PreTrainedModel._initialize_weights = _initialize_weights
+    PreTrainedModel.initialize_weights = _initialize_weights_pass
     PreTrainedModel._check_and_adjust_attn_implementation = _check_and_adjust_attn_implementation
     PreTrainedConfig.from_dict = classmethod(_config_from_dict)
     PreTrainedConfig.get_config_dict = classmethod(_config_get_config_dict)
@@ -116,6 +123,11 @@ def _from_config(cls, config, **kwargs):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         if text is not config:  # multimodal: the language model, built (and initialised) as a sub-model, gets it
             text.condinit = config.condinit
+    impl = kwargs.get("attn_implementation")
+    if getattr(config, "condinit", None):  # the whole model's layout (and its init trial) decides, before any work
+        get_layout(config)
+    if isinstance(impl, str) and impl in ATTENTION_VARIANTS:  # likewise for the variant
+        get_layout(config).check_variant(config, impl)
     scoped = _variant_on_language_model(config, kwargs)
     model = _original("_from_config")(cls, config, **scoped)
     if scoped is not kwargs:  # recorded on the saved text config, so from_pretrained rebuilds the language model with it
@@ -129,7 +141,8 @@ def _from_config(cls, config, **kwargs):
 
 def _variant_on_language_model(config, kwargs: dict) -> dict:
     """A variant named on a multimodal model (a separate ``text_config``) goes to its language model only; the other
-    towers keep SDPA (HF's per-sub-config ``attn_implementation`` dict), so no holder is asked of a vision tower."""
+    towers keep their default implementation (HF's per-sub-config ``attn_implementation`` dict, ``None`` = the
+    default: SDPA where the tower supports it, else eager), so no holder is asked of a vision tower."""
     impl = kwargs.get("attn_implementation")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if not isinstance(impl, str) or impl not in ATTENTION_VARIANTS or text is config:
@@ -138,7 +151,7 @@ def _variant_on_language_model(config, kwargs: dict) -> dict:
     text_keys = [k for k in keys if getattr(config, k) is text]
     if not text_keys:
         return kwargs
-    return {**kwargs, "attn_implementation": {"": "sdpa", **{k: "sdpa" for k in keys}, text_keys[0]: impl}}
+    return {**kwargs, "attn_implementation": {"": None, **{k: None for k in keys}, text_keys[0]: impl}}
 
 
 def _config_from_dict(cls, config_dict, **kwargs):
@@ -235,9 +248,27 @@ def _initialize_weights(self, module, is_custom_code: bool = False):
         return  # not an attention block, or ZeRO-3 (handled after construction in `_from_config`)
     layout = get_layout(self)
     if cfg is not None:
-        api.init_attention_block(module, ordinal, layout, self.config, cfg, loaded="skip")
+        wrote: list = []
+        api.init_attention_block(module, ordinal, layout, self.config, cfg, loaded="skip", wrote=wrote)
+        if _PASSES:  # protect what was written from the rest of this init pass (`_initialize_weights_pass`)
+            for tensor in wrote:
+                if not getattr(tensor, "_is_hf_initialized", False):
+                    tensor._is_hf_initialized = True
+                    _PASSES[-1].append(tensor)
     if _needs_variant(self.config):
         _variant_hook("on_block_initialized")(module, layout, self.config)
+
+
+_PASSES: list[list] = []  # one list per running init pass: the tensors the scheme wrote and flagged
+
+
+def _initialize_weights_pass(self):
+    _PASSES.append([])
+    try:
+        return _original("initialize_weights")(self)
+    finally:
+        for tensor in _PASSES.pop():
+            tensor._is_hf_initialized = False
 
 
 def _block_ordinals(model) -> dict[int, int]:

@@ -9,6 +9,7 @@ the redrawn targets); the full table is `python -m hf_condinit.coverage` (a benc
 import pytest
 import torch
 from transformers import AutoConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from hf_condinit.coverage import _auto_class, check_conditioned, check_mimetic, main
 from hf_condinit.layouts import LayoutError
@@ -60,6 +61,63 @@ def test_variants_are_refused_before_any_work_with_the_reason(model_type, varian
     auto, config = small(model_type)
     with pytest.raises(LayoutError, match=rf"attn_implementation='{variant}' is not available.*{reason}"):
         auto.from_config(config, attn_implementation=variant)
+
+
+@pytest.mark.parametrize("model_type, variant, says", [
+    ("siglip_vision_model", "affine_scaled", "the attention input X was not passed"),  # no **kwargs to the function
+])
+def test_a_variant_that_fails_on_a_miniature_is_refused_up_front(model_type, variant, says):
+    """Detected families: each variant is tried on a miniature before a model takes it (`variant_trial_refusal`)."""
+    from hf_condinit.layouts import get_layout
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type} is not in this transformers")
+    auto, config = small(model_type)
+    assert get_layout(config).detected
+    with pytest.raises(LayoutError, match=rf"not available for model_type='{model_type}': a 2-layer miniature.*{says}"):
+        auto.from_config(config, attn_implementation=variant)
+    auto.from_config(config, condinit={"method": "conditioned", "seed": 0})  # the inits still apply
+
+
+@pytest.mark.parametrize("model_type, says", [
+    ("led", "found no attention block in LEDEncoder"),  # its Longformer encoder: other names
+    ("t5gemma", "no attention layout for T5GemmaDecoder"),  # a decoder that cannot be proved alone
+])
+def test_a_type_whose_stacks_the_layout_does_not_reach_is_refused_up_front(model_type, says):
+    """`init_trial_refusal`: the layout proved, but a conditioned build of the miniature fails: refused with the
+    reason at the first lookup, before any weight of the real model is written."""
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type} is not in this transformers")
+    auto, config = small(model_type)
+    with pytest.raises(LayoutError, match=rf"refuses {model_type}: a 2-layer miniature .* does not build with "
+                                          rf"conditioned init .*{says}"):
+        auto.from_config(config, condinit={"method": "conditioned", "seed": 0})
+
+
+def test_the_init_pass_keeps_what_the_scheme_wrote():
+    """ImageGPT's root `_init_weights` re-draws every c_proj weight after the blocks were initialised: mimetic's
+    W_O must survive it, and the protection flags must be gone afterwards (apply_init still sees its own weights)."""
+    import hf_condinit
+
+    auto, config = small("imagegpt")
+    model = auto.from_config(config, condinit={"method": "mimetic", "seed": 0})
+    assert check_mimetic(model) == 2
+    assert not any(getattr(p, "_is_hf_initialized", False) for p in model.parameters())
+    hf_condinit.apply_init(model, "mimetic", seed=0)  # no "loaded from a checkpoint" refusal
+    assert check_mimetic(model) == 2
+
+
+def test_conditioned_check_on_heads_wider_than_the_model():
+    """A head wider than the model (Inkling's miniature keeps 128-wide sliding-window heads at hidden 64): the
+    head's rows are orthonormal (W Wᵀ = I_D), which the check accepts, and a default init still fails it."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                         intermediate_size=32, num_hidden_layers=2, vocab_size=64)
+    model = AutoModelForCausalLM.from_config(config, condinit={"method": "conditioned", "seed": 0})
+    assert check_conditioned(model) == 2
+    with pytest.raises(AssertionError, match="WᵀW"):
+        check_conditioned(AutoModelForCausalLM.from_config(config))
 
 
 def test_coverage_cli_on_a_fixed_list(tmp_path, capsys):

@@ -70,6 +70,27 @@ def test_near_degenerate_split_falls_back_to_float64():
     assert rel_err(left, right, exact_truncation(a, rank)) <= TOL
 
 
+def test_full_svd_path_splits_a_near_degenerate_cut_in_float64():
+    """Below SUBSPACE_MIN_DIM (the full-SVD path): a relative gap of 5e-4 at the cut (Kosmos-2.5's miniature had
+    one) leaves fp32's rank-r product ~1e-4 from the exact truncation; the split estimate sends it to float64."""
+    dim, rank = 64, 4
+    gen = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+    s = torch.linspace(3.0, 0.1, dim, dtype=torch.float64)
+    s[rank] = s[rank - 1] * (1 - 5e-4)
+    a = ((u * s) @ v.T).float()
+    assert functional._fp32_split_error(torch.linalg.svdvals(a), rank) > functional.MIMETIC_TOL
+    left, right = mimetic_factors(a, rank)
+    assert rel_err(left, right, exact_truncation(a, rank)) <= 1e-5
+    # a well separated cut keeps fp32 (the original weights, bit for bit)
+    s[rank] = s[rank - 1] * 0.5
+    b = ((u * s) @ v.T).float()
+    assert functional._fp32_split_error(torch.linalg.svdvals(b), rank) < functional.MIMETIC_TOL
+    for got, want in zip(mimetic_factors(b, rank), original_factors(b, rank)):
+        assert torch.equal(got, want)
+
+
 def test_dispatch_bit_identity_and_padding():
     gen = torch.Generator().manual_seed(1)
     small = mimetic_target(SUBSPACE_MIN_DIM // 2, 0.7, 0.7, 1, "uniform", gen)

@@ -158,23 +158,30 @@ class AttentionLayout:
     ``""`` = the block itself) that calls HF's attention interface: attention-variant holders attach there.
     ``variant_refusal`` (None, or the reason) says why the attention variants cannot run on this family (its
     attention does not go through HF's attention interface, or it adds terms the variants do not implement).
+    ``detected``: made by `hf_condinit.layouts.detect` (proved on a miniature, not in the table): each variant is
+    also tried on a miniature before a real model takes it (`refuse_variant`).
     """
 
     name: str = "base"
     core: str = ""
     variant_refusal: str | None = None
+    detected: bool = False
 
     def _is_attention_block(self, module: nn.Module) -> bool:
         raise NotImplementedError
 
-    def refuse_variant(self, config) -> str | None:
-        """Why the attention variants cannot run on a model of this family with this config (None: they can).
+    def refuse_variant(self, config, implementation: str | None = None) -> str | None:
+        """Why the attention variants (or the variant ``implementation``) cannot run on a model of this family with
+        this config (None: they can).
 
         The table's fixed reason comes first, then what the config says (logit softcapping, ALiBi), then the route the
         *installed* transformers takes (:func:`.detect.installed_route_refusal`: the model class's
         ``_supports_attention_backend`` flag, else the layout proof on a miniature of this config), since whether a
         family computes attention inline changes between transformers versions (GPT-J / CodeGen: inline in 5.17,
-        through the attention interface in 5.25).
+        through the attention interface in 5.25). For a detected family and a named ``implementation``, last, a
+        miniature of this config built with it must run a forward pass (:func:`.detect.variant_trial_refusal`: a
+        sub-model without the attention interface or without a layout, an attention module that takes its input
+        another way).
         """
         if self.variant_refusal:
             return self.variant_refusal
@@ -186,13 +193,16 @@ class AttentionLayout:
         if getattr(text, "alibi", False) is True:
             return ("its ALiBi position bias reaches the attention function inside the attention mask, which the "
                     "variants read as visibility only")
-        from .detect import installed_route_refusal  # imported here: detect builds on this module
+        from .detect import installed_route_refusal, variant_trial_refusal  # here: detect builds on this module
 
-        return installed_route_refusal(self, config)
+        reason = installed_route_refusal(self, config)
+        if reason is None and implementation is not None and self.detected:
+            reason = variant_trial_refusal(config, implementation)
+        return reason
 
     def check_variant(self, config, implementation: str) -> None:
         """Raise `LayoutError` (before any model work) when ``implementation`` cannot run on this family."""
-        reason = self.refuse_variant(config)
+        reason = self.refuse_variant(config, implementation)
         if reason:
             raise LayoutError(
                 f"attn_implementation={implementation!r} is not available for model_type="

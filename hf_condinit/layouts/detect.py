@@ -10,7 +10,10 @@
    `OUTPUT_NAMES`; for fused projections every ordering of `hf_condinit.layouts.fused`);
 4. proves each candidate on the miniature (`proof.prove_layout`) and returns the first that passes, with its
    ``core`` (the module that calls the attention function) taken from the proof and ``variant_refusal`` set when the
-   attention does not go through HF's attention interface or passes terms the variants do not implement.
+   attention does not go through HF's attention interface or passes terms the variants do not implement;
+5. builds the miniature once with conditioned init (`init_trial_refusal`): a stack the layout does not reach
+   refuses the type, with the reason. Each attention variant is tried the same way when a model first asks for it
+   (`variant_trial_refusal`).
 
 Nothing is written to the real model before that. Results are cached per (model type, model class, transformers
 version) for the process, proved on the model type's base model (`AutoModel`) where it has one. No candidate proved → `LayoutError` naming the model type and how to register a layout.
@@ -18,6 +21,7 @@ version) for the process, proved on the model type's base model (`AutoModel`) wh
 
 from __future__ import annotations
 
+import torch
 import transformers
 from torch import nn
 
@@ -28,7 +32,8 @@ from .proof import LayoutProof, prove_layout
 from .separate import SeparateQKVLayout, storage_of
 
 __all__ = ["SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout", "refusal_reason",
-           "REGISTER_HINT", "proof_refusal", "installed_route_refusal"]
+           "REGISTER_HINT", "proof_refusal", "installed_route_refusal", "variant_trial_refusal",
+           "init_trial_refusal"]
 
 SEPARATE_NAMES = (
     ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"),
@@ -144,6 +149,7 @@ def proof_refusal(proof: LayoutProof) -> str | None:
 def _with_core(layout: AttentionLayout, proof: LayoutProof) -> AttentionLayout:
     layout.core = proof.core or ""
     layout.variant_refusal = proof_refusal(proof)
+    layout.detected = True
     return layout
 
 
@@ -177,6 +183,62 @@ def installed_route_refusal(layout: AttentionLayout, config) -> str | None:
         else:
             _ROUTES[key] = proof_refusal(prove_layout(mini, layout, inputs))
     return _ROUTES[key]
+
+
+def init_trial_refusal(config) -> str | None:
+    """Why the inits cannot be applied to ``config``'s model although its layout proved (None: they can): the base
+    model (`AutoModel`) of ``shrink_config(config)`` built with ``condinit="conditioned"`` must build. It fails where
+    the layout does not reach every stack that initialises itself: a sub-model with its own model type whose layout
+    cannot be proved alone (T5Gemma's decoder needs encoder states), or a stack whose attention the layout does not
+    match (LED's Longformer encoder). Call with the type's layout already cached (the build looks it up)."""
+    from transformers import AutoModel
+
+    if type(config) not in AutoModel._model_mapping:
+        return None
+    model_class = AutoModel._model_mapping[type(config)]
+    try:
+        model_class._from_config(shrink_config(config), dtype=torch.float32, condinit="conditioned")
+    except Exception as err:  # the reason, whatever failed
+        text = " ".join(str(err).split())
+        return (f"a 2-layer miniature of {model_class.__name__} does not build with conditioned init "
+                f"({type(err).__name__}: {text[:300]})")
+    return None
+
+
+_TRIALS: dict[tuple, str | None] = {}
+_TRYING: list[str] = []  # variants whose trial is running: the miniature's own build skips the trial
+
+
+def variant_trial_refusal(config, implementation: str) -> str | None:
+    """Why ``implementation`` cannot run on ``config``'s model, found by trying it (None: a miniature built with it
+    ran a forward pass). The miniature is the base model (`AutoModel`: every tower and stack) of
+    ``shrink_config(config)``, built with ``attn_implementation=implementation`` and fed `miniature_inputs`; any
+    error there (a sub-model without HF's attention interface or without a provable layout, an attention module
+    that does not receive its input the way the variant reads it) is the reason. Cached per (transformers version,
+    variant, miniature config) for the process; no base model class, or no input recipe: None (nothing to try)."""
+    from transformers import AutoModel
+
+    if _TRYING or type(config) not in AutoModel._model_mapping:
+        return None
+    key = (transformers.__version__, implementation, shrink_config(config).to_json_string())
+    if key not in _TRIALS:
+        model_class = AutoModel._model_mapping[type(config)]
+        _TRYING.append(implementation)
+        try:
+            small = shrink_config(config)
+            mini = model_class._from_config(small, dtype=torch.float32, attn_implementation=implementation).eval()
+            inputs = miniature_inputs(mini)
+            if inputs is not None:
+                with torch.no_grad():
+                    mini(**inputs)
+            _TRIALS[key] = None
+        except Exception as err:  # the reason, whatever failed
+            text = " ".join(str(err).split())
+            _TRIALS[key] = (f"a 2-layer miniature of {model_class.__name__} built with it fails "
+                            f"({type(err).__name__}: {text[:300]})")
+        finally:
+            _TRYING.pop()
+    return _TRIALS[key]
 
 
 def detect_layout(model: nn.Module, inputs: dict) -> tuple[AttentionLayout, LayoutProof]:
@@ -246,7 +308,11 @@ def detected_layout(model_or_config) -> AttentionLayout:
                         raise LayoutError(f"hf_condinit cannot build inputs to prove a layout for {cls.__name__} "
                                           f"(main input {mini.main_input_name!r}). "
                                           + REGISTER_HINT.format(model_type=config.model_type))
-                    _CACHE[key] = (detect_layout(mini, inputs)[0], None)
+                    layout = detect_layout(mini, inputs)[0]
+                    _CACHE[key] = (layout, None)  # the trial's own build looks the layout up
+                    reason = init_trial_refusal(config)
+                    if reason:
+                        _CACHE[key] = (None, f"hf_condinit refuses {config.model_type}: {reason}.")
                     break
                 except LayoutError as err:
                     errors.append(str(err))

@@ -125,11 +125,15 @@ def _rescaled(sections: list[int], total: int) -> list[int]:
     return scaled
 
 
+def _without_recipe(d: dict) -> dict:
+    """``d`` without hf_condinit's recipe keys, in sub-configs too (a text config carries ``condinit``)."""
+    return {k: _without_recipe(v) if isinstance(v, dict) else v for k, v in d.items()
+            if k not in ("condinit", "condinit_attention")}
+
+
 def shrink_config(config):
     """A miniature copy of ``config`` (same class and options; see the module docstring). ``config`` is unchanged."""
-    d = _shrink_dict(copy.deepcopy(config).to_dict())
-    for key in ("condinit", "condinit_attention"):
-        d.pop(key, None)
+    d = _without_recipe(_shrink_dict(copy.deepcopy(config).to_dict()))
     small = type(config).from_dict(d)
     small.condinit = None
     return small
