@@ -250,13 +250,11 @@ def cover(model_type: str) -> Row:
                 layout, row.source = LAYOUTS[model_type], "table"
                 proof = prove_layout(mini, layout, inputs)
             else:
-                layout, proof = detect.detect_layout(mini, inputs)
+                key = (model_type, transformers.__version__)
+                layout, proof = detect.detect_layout(mini, inputs,
+                                                     accept=lambda lay: detect.trial_accept(key, config, lay))
                 row.source = "detected"
-                detect._CACHE[(model_type, transformers.__version__)] = (layout, None)
-                refusal = detect.init_trial_refusal(config)
-                if refusal:
-                    detect._CACHE[(model_type, transformers.__version__)] = (None, refusal)
-                    raise LayoutError(f"hf_condinit refuses {model_type}: {refusal}")
+                detect._CACHE[key] = (layout, None)
         except LayoutError as err:
             row.status, row.reason = "refused", _short(err, 400)
             return row

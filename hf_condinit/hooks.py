@@ -124,10 +124,12 @@ def _from_config(cls, config, **kwargs):
         if text is not config:  # multimodal: the language model, built (and initialised) as a sub-model, gets it
             text.condinit = config.condinit
     impl = kwargs.get("attn_implementation")
-    if getattr(config, "condinit", None):  # the whole model's layout (and its init trial) decides, before any work
-        get_layout(config)
-    if isinstance(impl, str) and impl in ATTENTION_VARIANTS:  # likewise for the variant
-        get_layout(config).check_variant(config, impl)
+    if _has_base_model(config):  # the whole model's layout (its init and variant trials) decides, before any work;
+        # a sub-model's config without a model class of its own (AIMv2's text tower) is looked up by its post_init
+        if getattr(config, "condinit", None):
+            get_layout(config)
+        if isinstance(impl, str) and impl in ATTENTION_VARIANTS:
+            get_layout(config).check_variant(config, impl)
     scoped = _variant_on_language_model(config, kwargs)
     model = _original("_from_config")(cls, config, **scoped)
     if scoped is not kwargs:  # recorded on the saved text config, so from_pretrained rebuilds the language model with it
@@ -137,6 +139,12 @@ def _from_config(cls, config, **kwargs):
         api.apply_init(model, cfg)
         _variant_hook("after_zero3_init")(model, get_layout(model), model.config)
     return model
+
+
+def _has_base_model(config) -> bool:
+    from transformers import AutoModel
+
+    return type(config) in AutoModel._model_mapping
 
 
 def _variant_on_language_model(config, kwargs: dict) -> dict:

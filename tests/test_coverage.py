@@ -89,9 +89,19 @@ def test_a_type_whose_stacks_the_layout_does_not_reach_is_refused_up_front(model
     if model_type not in CONFIG_MAPPING:
         pytest.skip(f"{model_type} is not in this transformers")
     auto, config = small(model_type)
-    with pytest.raises(LayoutError, match=rf"refuses {model_type}: a 2-layer miniature .* does not build with "
-                                          rf"conditioned init .*{says}"):
+    with pytest.raises(LayoutError, match=rf"model_type='?{model_type}'?.*proved, but a 2-layer miniature .* does not "
+                                          rf"build with conditioned init .*{says}"):
         auto.from_config(config, condinit={"method": "conditioned", "seed": 0})
+
+
+def test_a_proved_layout_the_init_does_not_reach_gives_way_to_the_next():
+    """GIT: q_proj/out_proj proves on the vision tower, which initialises itself without the init; the trial sees
+    that the layout's blocks are not what the init wrote, and the text stack's layout (query/key/value) is used."""
+    from hf_condinit.layouts import get_layout
+
+    auto, config = small("git")
+    assert get_layout(config).name == "auto_separate:self.query/output.dense"
+    assert check_conditioned(auto.from_config(config, condinit={"method": "conditioned", "seed": 0})) == 2
 
 
 def test_the_init_pass_keeps_what_the_scheme_wrote():

@@ -185,23 +185,53 @@ def installed_route_refusal(layout: AttentionLayout, config) -> str | None:
     return _ROUTES[key]
 
 
+def trial_accept(key: tuple, config, layout: AttentionLayout) -> str | None:
+    """``detect_layout``'s ``accept`` for the model type ``key`` of ``config``: `init_trial_refusal` with
+    ``layout`` as the type's layout (cached under ``key`` while the trial builds; removed again when refused)."""
+    _CACHE[key] = (layout, None)
+    reason = init_trial_refusal(config)
+    if reason:
+        del _CACHE[key]
+    return reason
+
+
 def init_trial_refusal(config) -> str | None:
     """Why the inits cannot be applied to ``config``'s model although its layout proved (None: they can): the base
     model (`AutoModel`) of ``shrink_config(config)`` built with ``condinit="conditioned"`` must build. It fails where
     the layout does not reach every stack that initialises itself: a sub-model with its own model type whose layout
     cannot be proved alone (T5Gemma's decoder needs encoder states), or a stack whose attention the layout does not
-    match (LED's Longformer encoder). Call with the type's layout already cached (the build looks it up)."""
+    match (LED's Longformer encoder); or it builds, but the layout's blocks are not the ones the init wrote
+    (`_unwritten_block`). Call with the type's layout already cached (the build looks it up)."""
     from transformers import AutoModel
 
     if type(config) not in AutoModel._model_mapping:
         return None
     model_class = AutoModel._model_mapping[type(config)]
     try:
-        model_class._from_config(shrink_config(config), dtype=torch.float32, condinit="conditioned")
+        model = model_class._from_config(shrink_config(config), dtype=torch.float32, condinit="conditioned")
     except Exception as err:  # the reason, whatever failed
         text = " ".join(str(err).split())
         return (f"a 2-layer miniature of {model_class.__name__} does not build with conditioned init "
                 f"({type(err).__name__}: {text[:300]})")
+    return _unwritten_block(model)
+
+
+def _unwritten_block(model: nn.Module) -> str | None:
+    """Why the layout's blocks of a miniature built with conditioned init are not what the init wrote (None: every
+    block's first query head is semi-orthogonal): the layout matched attention that another sub-model initialises
+    without the init (GIT's vision tower, when the layout is read there)."""
+    from . import get_layout
+
+    layout = get_layout(model)
+    for name, block in layout.attention_modules(model):
+        geometry = layout.geometry(block, model.config)
+        q = layout.projections(block, geometry)["q"]
+        w = q.heads(q.weight.detach().double())[0]
+        gram = w.T @ w if w.shape[1] <= w.shape[0] else w @ w.T
+        if (gram - torch.eye(gram.shape[0], dtype=gram.dtype)).abs().max() > 1e-4:
+            return (f"conditioned init does not reach attention block {name!r} of layout {layout.name!r} on a 2-layer "
+                    f"miniature of {type(model).__name__} (its query heads are not semi-orthogonal after the build): "
+                    "the layout matched attention that a sub-model initialises on its own")
     return None
 
 
@@ -241,8 +271,9 @@ def variant_trial_refusal(config, implementation: str) -> str | None:
     return _TRIALS[key]
 
 
-def detect_layout(model: nn.Module, inputs: dict) -> tuple[AttentionLayout, LayoutProof]:
-    """The first candidate layout that proves on ``model`` (a miniature), with the proof; LayoutError otherwise."""
+def detect_layout(model: nn.Module, inputs: dict, accept=None) -> tuple[AttentionLayout, LayoutProof]:
+    """The first candidate layout that proves on ``model`` (a miniature) and that ``accept(layout)`` (None: every
+    proved one) does not refuse, with the proof; LayoutError otherwise, with each candidate's reason."""
     model_type = getattr(model.config, "model_type", None)
     reason = refusal_reason(model.config)
     if reason:
@@ -261,11 +292,17 @@ def detect_layout(model: nn.Module, inputs: dict) -> tuple[AttentionLayout, Layo
             if proof.core and proof.core != layout.core:  # re-prove with the geometry read from the core module
                 layout.core = proof.core
                 proof = prove_layout(model, layout, inputs)
-            return _with_core(layout, proof), proof
+            layout = _with_core(layout, proof)
+            refusal = accept(layout) if accept is not None else None
+            if refusal is None:
+                return layout, proof
+            failures.append(f"{layout.name}: proved, but {refusal}")
         except LayoutError as err:
             failures.append(f"{layout.name}: {err}")
         except Exception as err:  # a candidate whose shapes make the model's forward fail
             failures.append(f"{layout.name}: {type(err).__name__}: {err}")
+    if failures and all(": proved, but " in f for f in failures):
+        raise LayoutError(f"hf_condinit refuses {model_type}: " + " | ".join(failures)[:1500] + ".")
     raise LayoutError(
         f"hf_condinit could not prove any attention layout for model_type={model_type!r} "
         f"({type(model).__name__}); tried: " + " | ".join(failures)[:1500] + ". "
@@ -308,11 +345,8 @@ def detected_layout(model_or_config) -> AttentionLayout:
                         raise LayoutError(f"hf_condinit cannot build inputs to prove a layout for {cls.__name__} "
                                           f"(main input {mini.main_input_name!r}). "
                                           + REGISTER_HINT.format(model_type=config.model_type))
-                    layout = detect_layout(mini, inputs)[0]
-                    _CACHE[key] = (layout, None)  # the trial's own build looks the layout up
-                    reason = init_trial_refusal(config)
-                    if reason:
-                        _CACHE[key] = (None, f"hf_condinit refuses {config.model_type}: {reason}.")
+                    _CACHE[key] = (detect_layout(mini, inputs, accept=lambda lay: trial_accept(key, config, lay))[0],
+                                   None)
                     break
                 except LayoutError as err:
                     errors.append(str(err))
