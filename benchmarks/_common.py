@@ -33,6 +33,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -716,6 +717,22 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
 # ---------------------------------------------------------------------------------------------------------------
 # resumable execution: one record per finished run, claimed with lock files (several workers may share a folder)
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def exceeds_seed_spread(gaps: list, arm_values: list, default_values: list) -> Optional[bool]:
+    """The harness's one criterion for "beyond the seed spread": |mean paired Δ| > 2 × the pooled seed std of the
+    two arms (sample std of each arm's per-seed values) and every seed's paired Δ of one sign. ``gaps``: arm −
+    default per common seed; None with fewer than 2 (no spread is known)."""
+    gaps = [g for g in gaps if g is not None and math.isfinite(g)]
+    if len(gaps) < 2:
+        return None
+
+    def sd(xs):
+        xs = [x for x in xs if x is not None and math.isfinite(x)]
+        return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+    spread = math.sqrt((sd(arm_values) ** 2 + sd(default_values) ** 2) / 2)
+    return abs(statistics.fmean(gaps)) > 2 * spread and (all(g < 0 for g in gaps) or all(g > 0 for g in gaps))
 
 
 def crossing_step(curve, target: float, lower_better: bool = True) -> float | None:

@@ -13,10 +13,13 @@ Plan (:data:`FULL`; :func:`plan`), in this order:
    at the half-decade rates ``grid_lrs`` (1e-3, 3e-3, 1e-2, 3e-2). When an arm's best rate (lowest WikiText-2 valid
    loss) is the lowest or the highest it was tried at, the next half-decade of :attr:`DepthPlan.ladder` beyond it is
    added for that arm (:func:`grid_state`), until its best is inside or the ladder ends (said in the report).
-2. **Depth sweep**: depths ``depths`` (2, 4, 8) × arms × seeds ``seeds`` (0-1; 0-2 at depth 4) at ``main_tpp`` (20)
-   tokens per parameter, each arm at *its own* best rate of the grid; seed 0 of every depth first (shallowest first,
-   default first), then seed 1, then seed 2. An arm's depth runs enter the plan when its grid is decided, so a
-   worker never waits while there is a decided run to do.
+2. **Depth sweep**: depths ``depths`` (2, 4, 8) × arms × seeds ``seeds`` (0-1 at depth 2; 0-2 at depths 4 and 8)
+   at ``main_tpp`` (20) tokens per parameter, each arm at *its own* best rate of the grid; seed 0 of every depth
+   first (shallowest first, default first), then seed 1, then seed 2. An arm's depth runs enter the plan when its
+   grid is decided, so a worker never waits while there is a decided run to do.
+3. **Same-rate check** at depth ``rate_check_depth`` (8): default also at every other arm's best rate (same seeds),
+   so that an arm's gap there can be read at one rate for both (is a win the init, or only the rate the grid gave
+   it at depth 4?).
 
 8 × 96 (``dropped``) is not in the plan: its estimate is printed next to the plan's and exceeds the 5-hour budget on
 its own (issue 21: "drop 8 × 96 first").
@@ -75,6 +78,7 @@ class DepthPlan:
     dropped: tuple = ()  # sizes (n_layer, n_embd, n_head) left out for the budget: estimated, not run
     shared_from: str | None = None  # output folder of the scale sweep (shared-rate runs at depth 2)
     max_bytes: int | None = None
+    rate_check_depth: int | None = None  # default also at the other arms' best rates at this depth (plan step 3)
 
     def size(self, depth: int) -> tuple:
         return (depth, self.width, self.n_head)
@@ -84,15 +88,15 @@ class DepthPlan:
         return [self.size(d) for d in self.depths]
 
 
-FULL = DepthPlan(width=64, n_head=2, depths=(2, 4, 8), seeds=(2, 3, 2), main_tpp=20.0, grid_depth=4, grid_tpp=5.0,
+FULL = DepthPlan(width=64, n_head=2, depths=(2, 4, 8), seeds=(2, 3, 3), main_tpp=20.0, grid_depth=4, grid_tpp=5.0,
                  grid_lrs=(1e-3, 3e-3, 1e-2, 3e-2), ladder=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
                  shared_lr=3e-3, arms=tuple(S.ARMS), batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16,
                  final_eval_blocks=64, dropped=((8, 96, 3),),
-                 shared_from=os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale"))
+                 shared_from=os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale"), rate_check_depth=8)
 QUICK = DepthPlan(width=32, n_head=4, depths=(1, 2), seeds=(1, 2), main_tpp=0.25, grid_depth=2, grid_tpp=0.1,
                   grid_lrs=(3e-3, 1e-2), ladder=(1e-3, 3e-3, 1e-2, 3e-2), shared_lr=3e-3,
                   arms=("default", "conditioned_v0.25"), batch_size=4, block_size=64, vocab_size=512, eval_blocks=4,
-                  final_eval_blocks=8, max_bytes=200_000)
+                  final_eval_blocks=8, max_bytes=200_000, rate_check_depth=2)
 KAPPA_AT = (0.0, 1.0)  # κ(J) at init and at the end of every run
 POLL_SECONDS = 30
 
@@ -157,9 +161,10 @@ def grid_state(out: str, p: DepthPlan, eval_name: str | None) -> dict:
 
 
 def plan(p: DepthPlan, state: dict, placeholder: bool = False) -> list[C.TrainSpec]:
-    """Every run known now, in order (module docstring): the grid runs of ``state`` (:func:`grid_state`), then the
-    depth runs of the arms whose best rate is decided. ``placeholder``: also the undecided arms' depth runs, at
-    ``shared_lr`` (for the cost estimate only; the rate does not change the cost)."""
+    """Every run known now, in order (module docstring): the grid runs of ``state`` (:func:`grid_state`), the depth
+    runs of the arms whose best rate is decided, then the same-rate checks (:func:`rate_check_lrs`). ``placeholder``:
+    also the undecided arms' depth runs, at ``shared_lr`` (for the cost estimate only; the rate does not change the
+    cost)."""
     runs = [grid_spec(p, a, lr) for a in p.arms for lr in state[a]["lrs"]]
     for seed in range(max(p.seeds)):
         for depth, n_seeds in zip(p.depths, p.seeds):
@@ -169,7 +174,20 @@ def plan(p: DepthPlan, state: dict, placeholder: bool = False) -> list[C.TrainSp
                 lr = state[a]["best"] or (p.shared_lr if placeholder else None)
                 if lr is not None:
                     runs.append(depth_spec(p, a, depth, lr, seed))
+    if p.rate_check_depth is not None:
+        n_seeds = dict(zip(p.depths, p.seeds))[p.rate_check_depth]
+        runs += [depth_spec(p, "default", p.rate_check_depth, lr, seed) for seed in range(n_seeds)
+                 for lr in rate_check_lrs(p, state)]
     return runs
+
+
+def rate_check_lrs(p: DepthPlan, state: dict) -> list[float]:
+    """The rates default is also run at at ``rate_check_depth``: the decided best rates of the other arms that are
+    not default's own (none until default's is decided)."""
+    own = state["default"]["best"]
+    if own is None:
+        return []
+    return sorted({state[a]["best"] for a in p.arms if state[a]["best"] is not None} - {own})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,16 +292,6 @@ def _ms(xs):
     return S._ms(xs) if xs else (None, None)
 
 
-def beyond_spread(gaps: list, a: list, d: list) -> bool | None:
-    """compare.py's criterion: |mean paired gap| > 2 × the pooled seed std of the two arms and every seed's gap of
-    one sign; None with fewer than 2 seeds."""
-    if len(gaps) < 2:
-        return None
-    sa, sd = _ms(a)[1] or 0.0, _ms(d)[1] or 0.0
-    m = statistics.fmean(gaps)
-    return abs(m) > 2 * math.sqrt((sa ** 2 + sd ** 2) / 2) and (all(g < 0 for g in gaps) or all(g > 0 for g in gaps))
-
-
 def analyse(runs: dict, p: DepthPlan, state: dict) -> dict:
     """Per depth and arm (at its own best rate): the runs, the paired gaps to default at its own best rate (loss
     and BLiMP), steps to default's final loss, κ per layer; the LR grid; the shared-rate comparisons."""
@@ -313,9 +321,9 @@ def analyse(runs: dict, p: DepthPlan, state: dict) -> dict:
                 n=next(iter(seeds.values()))["n"],
                 gap_loss=dict(zip(common, g_loss)), gap_loss_ms=_ms(g_loss),
                 gap_blimp=g_blimp, gap_blimp_ms=_ms(g_blimp),
-                loss_beyond_spread=None if a == "default" else beyond_spread(
+                loss_beyond_spread=None if a == "default" else C.exceeds_seed_spread(
                     g_loss, [seeds[s]["loss"] for s in common], [dflt[s]["loss"] for s in common]),
-                blimp_beyond_spread=None if a == "default" else beyond_spread(
+                blimp_beyond_spread=None if a == "default" else C.exceeds_seed_spread(
                     g_blimp, [seeds[s]["blimp"] for s in common if seeds[s]["blimp"] is not None],
                     [dflt[s]["blimp"] for s in common if dflt[s]["blimp"] is not None]),
                 steps_to_default_final=cross, steps_to_default_final_mean=_ms(reached)[0], n_reached=len(reached),
@@ -323,6 +331,7 @@ def analyse(runs: dict, p: DepthPlan, state: dict) -> dict:
                 kappa_end_layers=[statistics.fmean(x) for x in zip(*k1)] if k1 else None)
         if row:
             res["depths"][depth] = row
+    res["same_rate"] = same_rate_check(runs, p, best)
     for a in p.arms:
         res["grid"][a] = dict(loss_by_lr={f"{lr:g}": v for lr, v in sorted(state[a]["loss"].items())},
                               blimp_by_lr={f"{lr:g}": runs.get((p.grid_depth, p.grid_tpp, lr), {}).get(a, {})
@@ -340,6 +349,30 @@ def analyse(runs: dict, p: DepthPlan, state: dict) -> dict:
             shared=None if sh is None or d_sh is None else sh - d_sh,
             own=None if own is None or d_own is None else own - d_own)
     return res
+
+
+def same_rate_check(runs: dict, p: DepthPlan, best: dict) -> dict:
+    """At ``rate_check_depth``, per arm whose best rate is not default's: its loss gap to default run at the *arm's*
+    rate (paired by seed; beyond spread: ``_common.exceeds_seed_spread``), next to default's own-rate runs there."""
+    depth = p.rate_check_depth
+    if depth is None or best.get("default") is None:
+        return {}
+    out = {}
+    for a in p.arms:
+        if a == "default" or best[a] is None or best[a] == best["default"]:
+            continue
+        cell = runs.get((depth, p.main_tpp, best[a]), {})
+        arm, dflt = cell.get(a, {}), cell.get("default", {})
+        common = sorted(set(arm) & set(dflt))
+        gaps = [arm[s]["loss"] - dflt[s]["loss"] for s in common]
+        own = runs.get((depth, p.main_tpp, best["default"]), {}).get("default", {})
+        out[a] = dict(depth=depth, lr=best[a], default_lr=best["default"], seeds=common,
+                      default_loss={s: dflt[s]["loss"] for s in common},
+                      default_own_rate_loss={s: own[s]["loss"] for s in sorted(own)},
+                      gap_loss=dict(zip(common, gaps)), gap_loss_ms=_ms(gaps),
+                      beyond_spread=C.exceeds_seed_spread(gaps, [arm[s]["loss"] for s in common],
+                                                  [dflt[s]["loss"] for s in common]))
+    return out
 
 
 def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> dict:
@@ -441,6 +474,20 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
                 + ("not reached" if st is None else f"{st:.0f} ({r['n_reached']}/{len(r['seeds'])} seeds) of {r['steps']}")
                 + f" | {_k(statistics.fmean(k0)) if k0 else '–'} | {_k(statistics.fmean(k1)) if k1 else '–'} |")
     lines.append("")
+    if res.get("same_rate"):
+        lines.append("Same-rate check: at depth %d each arm whose best rate is not default's against default run at the "
+                     "*arm's* rate (paired by seed):\n" % p.rate_check_depth)
+        lines.append("| depth | arm | lr (both) | seeds | default loss at this lr / at its own lr (per seed) "
+                     "| Δ loss (mean ± std) | beyond spread |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for a, r in res["same_rate"].items():
+            gl = r["gap_loss_ms"]
+            d_here = " / ".join(f(x) for x in r["default_loss"].values()) or "–"
+            d_own = " / ".join(f(x) for x in r["default_own_rate_loss"].values()) or "–"
+            lines.append(f"| {r['depth']} | {a} | {r['lr']:g} | {len(r['seeds'])} | {d_here} (own {r['default_lr']:g}: "
+                         f"{d_own}) | " + ("–" if gl[0] is None else f"{f(gl[0], sign=True)} ± {f(gl[1])}")
+                         + f" | {yn[r['beyond_spread']]} |")
+        lines.append("")
     lines.append("κ(J) per layer (causal, mean over heads and seeds; init → end):\n")
     lines.append("| depth | arm | κ per layer at init | κ per layer at the end |")
     lines.append("|---|---|---|---|")
@@ -456,7 +503,8 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
 
 
 def plots(res: dict, p: DepthPlan, out: str) -> list[str]:
-    """``gap_vs_depth.png`` (Δ loss and Δ BLiMP against depth per arm: each seed a dot, mean ± std a bar),
+    """``gap_vs_depth.png`` (Δ loss and Δ BLiMP against depth per arm: each seed a dot, mean ± std a bar; the
+    same-rate checks as open markers),
     ``lr_curves.png`` (grid loss against learning rate per arm, best marked) and ``kappa_vs_depth.png`` (causal κ(J),
     mean over layers and seeds, at init (dashed) and at the end (solid), against depth per arm)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -488,6 +536,13 @@ def plots(res: dict, p: DepthPlan, out: str) -> list[str]:
                 xs.append(dx), ms.append(scale * m), ss.append(scale * s)
             if xs:
                 ax.errorbar(xs, ms, yerr=ss, fmt="o-", color=f"C{i}", capsize=3, label=a)
+            same = res.get("same_rate", {}).get(a)
+            if key == "gap_loss" and same and same["gap_loss"]:
+                vals = list(same["gap_loss"].values())
+                m, s = _ms(vals)
+                dx = same["depth"] * (1 + 0.03 * (i - len(arms) / 2 + 0.5))
+                ax.errorbar([dx], [m], yerr=[s], fmt="o", mfc="white", color=f"C{i}", capsize=3,
+                            label=f"{a} vs default, both at lr {same['lr']:g}")
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(p.depths), [str(d) for d in p.depths])
@@ -554,7 +609,8 @@ def report(out: str, p: DepthPlan, eval_name: str | None, copy_plots: str | None
     results = dict(metric=eval_name or "internal held-out split", n_runs=len(recs), cpu_seconds=cpu,
                    plan=dict(width=p.width, n_head=p.n_head, depths=p.depths, seeds=p.seeds, main_tpp=p.main_tpp,
                              grid_depth=p.grid_depth, grid_tpp=p.grid_tpp, grid_lrs=p.grid_lrs, ladder=p.ladder,
-                             shared_lr=p.shared_lr, arms=p.arms, dropped=p.dropped), **res)
+                             shared_lr=p.shared_lr, arms=p.arms, dropped=p.dropped,
+                             rate_check_depth=p.rate_check_depth), **res)
     C.write_json(os.path.join(out, "results.json"), results)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(markdown(res, p, eval_name, len(recs), len(plan(p, state, placeholder=True)), cpu))

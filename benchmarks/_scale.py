@@ -349,6 +349,14 @@ def paired_gaps(cell: dict, label: str, key: str = "loss") -> dict:
             if a[s].get(key) is not None and d[s].get(key) is not None}
 
 
+def spread_verdict(cell: dict, arm: str, key: str = "loss") -> bool | None:
+    """Whether ``arm``'s paired gap to default in ``key`` ("loss" or "blimp") of one cell (:func:`load_cells`) is
+    beyond the seed spread (``_common.exceeds_seed_spread``); None with fewer than 2 paired seeds."""
+    gaps = paired_gaps(cell, arm, key)
+    return C.exceeds_seed_spread(list(gaps.values()), [cell[arm][s][key] for s in gaps],
+                                 [cell["default"][s][key] for s in gaps])
+
+
 def _ms(xs):
     xs = list(xs)
     if not xs:
@@ -418,8 +426,10 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
     def table(title, keys):
         lines.append(title + "\n")
         lines.append("| size | non-emb. params | tokens/param | lr | epochs | arm | seeds | ppl per seed | ppl mean ± std "
-                     "| Δ loss (mean ± std) | BLiMP % per seed | Δ BLiMP pts (mean ± std) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+                     "| Δ loss (mean ± std) | beyond spread | BLiMP % per seed | Δ BLiMP pts (mean ± std) "
+                     "| beyond spread |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        yn = {True: "yes", False: "no", None: "–"}
         for k in keys:
             c = cells[k]
             for a in [x for x in p.arms if x in c]:
@@ -428,14 +438,16 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
                 gm, gs = _ms(paired_gaps(c, a).values()) if a != "default" else (None, None)
                 any_run = next(iter(runs.values()))
                 bm, bs = _ms(100 * g for g in paired_gaps(c, a, "blimp").values()) if a != "default" else (None, None)
+                beyond = {key: None if a == "default" else spread_verdict(c, a, key) for key in ("loss", "blimp")}
                 lines.append(f"| {k[0]} | {any_run['n']:,} | {k[1]:g} | {k[2]:g} | {any_run['epochs']:.2f} | {a} | "
                              f"{len(runs)} | {' / '.join(format(r['ppl'], '.2f') for r in runs.values())} | "
                              f"{_f(ppl_m, 2)} ± {_f(ppl_s, 2)} | "
-                             + ("–" if a == "default" else f"{_f(gm, sign=True)} ± {_f(gs)}") + " | "
+                             + ("–" if a == "default" else f"{_f(gm, sign=True)} ± {_f(gs)}")
+                             + f" | {yn[beyond['loss']]} | "
                              + " / ".join(_f(None if r.get("blimp") is None else 100 * r["blimp"], 2)
                                           for r in runs.values()) + " | "
                              + ("–" if a == "default" or bm is None else f"{_f(bm, 2, sign=True)} ± {_f(bs, 2)}")
-                             + " |")
+                             + f" | {yn[beyond['blimp']]} |")
         lines.append("")
 
     order = {size_name(s): i for i, s in enumerate(p.sizes)}

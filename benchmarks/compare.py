@@ -335,6 +335,8 @@ def aggregate_setting(recs: list[dict]) -> dict:
                      if s in default and acc[i] is not None and C.blimp_accuracy(default[s]) is not None]
             a["delta_blimp_vs_default"] = d_acc
             a["delta_blimp_mean"], a["delta_blimp_std"] = _mean_std(d_acc)
+            a["blimp_exceeds_seed_spread"] = C.exceeds_seed_spread(
+                d_acc, acc, [C.blimp_accuracy(default[s]) for s in sorted(default)])
         files = sorted({n for r in rs for n in r.get("eval_files", {})})
         if files:
             a["eval_files"] = {name: eval_file_stats(name, seeds, default if arm != "default" else {})
@@ -351,16 +353,13 @@ def aggregate_setting(recs: list[dict]) -> dict:
             diffs = [seeds[s]["final_eval_loss"] - default[s]["final_eval_loss"] for s in common]
             dm, dsd = _mean_std(diffs)
             dl_std = _mean_std([default[s]["final_eval_loss"] for s in default])[1] or 0.0
-            spread = math.sqrt(((ls or 0.0) ** 2 + dl_std ** 2) / 2)
             a["delta_loss_vs_default"] = diffs
             a["delta_mean"] = dm
             a["delta_std"] = dsd
-            a["seed_spread"] = spread
+            a["seed_spread"] = math.sqrt(((ls or 0.0) ** 2 + dl_std ** 2) / 2)
             a["same_sign_all_seeds"] = bool(diffs) and (all(d < 0 for d in diffs) or all(d > 0 for d in diffs))
-            # Choice: "exceeds the seed spread" = |mean paired Δ| > 2 × pooled seed std of the two arms and every
-            # seed's paired Δ has the same sign (with one seed: no spread is known -> None).
-            a["exceeds_seed_spread"] = (None if len(common) < 2 else
-                                        bool(dm is not None and abs(dm) > 2 * spread and a["same_sign_all_seeds"]))
+            a["exceeds_seed_spread"] = C.exceeds_seed_spread(
+                diffs, [r["final_eval_loss"] for r in rs], [default[s]["final_eval_loss"] for s in default])
         # κ curve (runs that measured it)
         kruns = [r for r in rs if r.get("kappa")]
         if kruns:
@@ -428,21 +427,23 @@ def markdown(results: dict) -> str:
                      + (f", {a0['epochs']:.2f} epochs: training blocks are seen more than once" if a0["epochs"] > 1
                         else "") + ".\n")
         lines.append("| arm | seeds | eval ppl (mean ± std) | eval loss | Δ loss vs default (paired, mean ± std) | "
-                     "exceeds seed spread | BLiMP acc. % (mean ± std) | Δ BLiMP pts (paired) | "
+                     "exceeds seed spread | BLiMP acc. % (mean ± std) | Δ BLiMP pts (paired) | exceeds seed spread | "
                      "steps to default's final loss (ratio) | tokens/s |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for arm in arm_order(base["arms"]):
             a = base["arms"][arm]
             delta = "–" if arm == "default" else f"{_fmt(a.get('delta_mean'))} ± {_fmt(a.get('delta_std'))}"
-            exc = "–" if arm == "default" else {True: "yes", False: "no", None: "n/a (1 seed)"}[
-                a.get("exceeds_seed_spread")]
+            yn = {True: "yes", False: "no", None: "n/a (1 seed)"}
+            exc = "–" if arm == "default" else yn[a.get("exceeds_seed_spread")]
+            b_exc = "–" if arm == "default" or a.get("delta_blimp_mean") is None else yn[
+                a.get("blimp_exceeds_seed_spread")]
             st = a.get("steps_to_default_final_mean")
             reach = (f"{st:.0f} ({a['ratio_to_run_length']:.2f}), {a['n_reached']}/{len(a['seeds'])} seeds"
                      if st is not None else f"not reached (0/{len(a['seeds'])})")
             lines.append(f"| {arm} | {len(a['seeds'])} | {_fmt(a['ppl_mean'], 2)} ± {_fmt(a['ppl_std'], 2)} | "
                          f"{_fmt(a['loss_mean'])} | {delta} | {exc} | {_pct(a.get('blimp_mean'))} ± "
                          f"{_pct(a.get('blimp_std'))} | {_pct(a.get('delta_blimp_mean'), sign=True)} ± "
-                         f"{_pct(a.get('delta_blimp_std'))} | {reach} | {_fmt(a['tokens_per_s'], 0)} |")
+                         f"{_pct(a.get('delta_blimp_std'))} | {b_exc} | {reach} | {_fmt(a['tokens_per_s'], 0)} |")
         lines.append("")
         files = sorted({n for a in base["arms"].values() for n in a.get("eval_files", {})})
         if files:
@@ -564,12 +565,22 @@ def plots(results: dict, out: str, groups: list) -> list[str]:
 
 def base_groups(out: str, recs: list[dict]) -> list:
     """One ``hf_condinit.compare.RunGroup`` per arm (its seeds' Trainer folders, read with ``load_run``), in arm
-    order: what the figures are drawn from."""
+    order: what the figures are drawn from. Records whose Trainer folder is not here (runs trained on another
+    machine: only the records travel) are left out of the figures, counted in one line on stderr; the tables come
+    from the records."""
     from hf_condinit.compare import RunGroup, load_run
 
     by_arm: dict[str, list] = {}
+    missing = 0
     for r in sorted(recs, key=lambda r: r["seed"]):
-        by_arm.setdefault(r["arm"], []).append(load_run(_trainer_dir(out, r["setting"], r["arm"], r["seed"])))
+        folder = _trainer_dir(out, r["setting"], r["arm"], r["seed"])
+        if not os.path.isdir(folder):
+            missing += 1
+            continue
+        by_arm.setdefault(r["arm"], []).append(load_run(folder))
+    if missing:
+        print(f"[compare] {missing} of {len(recs)} base runs have no Trainer folder here: left out of the figures "
+              "(the tables are complete)", file=sys.stderr)
     return [RunGroup(arm, by_arm[arm]) for arm in arm_order(by_arm)]
 
 

@@ -33,7 +33,7 @@ def test_full_plan_depths_rates_seeds_order():
     p = D.FULL
     labels = ["default", "conditioned", "conditioned_v0.25", "mimetic", "affine_scaled"]
     assert list(p.arms) == labels and p.width == 64 and p.width // p.n_head == 32
-    assert p.depths == (2, 4, 8) and dict(zip(p.depths, p.seeds)) == {2: 2, 4: 3, 8: 2} and p.main_tpp == 20.0
+    assert p.depths == (2, 4, 8) and dict(zip(p.depths, p.seeds)) == {2: 2, 4: 3, 8: 3} and p.main_tpp == 20.0
     # the grid: depth 4, 5 tokens per parameter, half-decades 1e-3 ... 3e-2 (each step ~ x sqrt(10)), inside the ladder
     assert (p.grid_depth, p.grid_tpp) == (4, 5.0) and p.grid_lrs == (1e-3, 3e-3, 1e-2, 3e-2)
     ratios = [b / a for a, b in zip(p.ladder, p.ladder[1:])]
@@ -48,26 +48,60 @@ def test_full_plan_depths_rates_seeds_order():
         assert (r.n_layer, r.n_embd, r.n_head, r.tokens_per_param) == (4, 64, 2, 5.0) and r.kappa_at == (0.0, 1.0)
         assert r.steps == math.ceil(5.0 * _non_embedding(4, 64) / (r.batch_size * r.block_size))
     # the estimate covers the undecided arms' depth runs (placeholder rate)
-    assert len(D.plan(p, undecided, placeholder=True)) == len(grid) + len(labels) * 7
-    # decided: each arm's depth runs at its own rate; seed 0 of every depth before seed 1; default before its arm
+    assert len(D.plan(p, undecided, placeholder=True)) == len(grid) + len(labels) * 8
+    # decided: each arm's depth runs at its own rate; seed 0 of every depth before seed 1; default before its arm;
+    # then, at depth 8, default at each other arm's best rate (1e-2 is default's own: 3e-3 and 3e-2), every seed
     best = dict(zip(labels, [1e-2, 3e-3, 1e-2, 3e-2, 3e-3]))
     runs = D.plan(p, _decided(D, p, best))[len(grid):]
-    assert len(runs) == len(labels) * 7
+    runs, checks = runs[:len(labels) * 8], runs[len(labels) * 8:]
+    assert D.rate_check_lrs(p, _decided(D, p, best)) == [3e-3, 3e-2]
+    assert sorted((r.extra["label"], r.n_layer, r.lr, r.seed) for r in checks) == [
+        ("default", 8, lr, s) for lr in (3e-3, 3e-2) for s in range(3)]
+    assert all(r.tokens_per_param == 20.0 and r.v_gain is None for r in checks)
+    assert D.rate_check_lrs(p, _decided(D, p, {a: 3e-3 for a in labels[1:]})) == []  # default undecided
     for r in runs:
         label = r.extra["label"]
         assert r.lr == best[label] and r.tokens_per_param == 20.0 and (r.n_embd, r.n_head) == (64, 2)
         assert r.arm == {"conditioned_v0.25": "conditioned"}.get(label, label)
         assert r.v_gain == (0.25 if label == "conditioned_v0.25" else None)
         assert r.steps == math.ceil(20.0 * _non_embedding(r.n_layer, 64) / (r.batch_size * r.block_size))
-    assert {(r.n_layer, r.seed) for r in runs} == {(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (8, 0), (8, 1)}
+    assert {(r.n_layer, r.seed) for r in runs} == {(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (8, 0), (8, 1), (8, 2)}
     first_seed1 = next(i for i, r in enumerate(runs) if r.seed == 1)
     assert [r.n_layer for r in runs[:first_seed1]] == [2] * 5 + [4] * 5 + [8] * 5
-    assert [r.seed for r in runs[-5:]] == [2] * 5
-    idents = [(r.setting, r.extra["label"], r.seed) for r in runs + grid]
+    assert [r.seed for r in runs[-10:]] == [2] * 10
+    idents = [(r.setting, r.extra["label"], r.seed) for r in runs + grid + checks]
     assert len(set(idents)) == len(idents)
     # one arm decided: only its depth runs join the plan
     partial = D.plan(p, _decided(D, p, {"default": 1e-2}))
     assert {r.extra["label"] for r in partial[len(grid):]} == {"default"}
+
+
+def test_same_rate_check_and_the_spread_criterion():
+    _, D = _modules()
+    p = D.FULL
+    # the criterion against a naive computation: |mean gap| > 2 * sqrt((sd_a^2 + sd_d^2) / 2), one sign
+    assert D.C.exceeds_seed_spread([-0.10, -0.12, -0.11], [4.60, 4.64, 4.62], [4.70, 4.76, 4.73]) is True  # 0.11 > 0.051
+    assert D.C.exceeds_seed_spread([-0.10, 0.02, -0.11], [4.60, 4.72, 4.65], [4.70, 4.70, 4.76]) is False  # signs
+    assert D.C.exceeds_seed_spread([0.05, 0.06], [4.0, 4.5], [3.95, 4.44]) is False  # spread 0.35 per arm
+    assert D.C.exceeds_seed_spread([0.05], [4.0], [3.95]) is None
+    # conditioned won at its own rate (1e-2) against default at 3e-3, but default at 1e-2 does as well: the check
+    # pairs the two at 1e-2 by seed and leaves default's own-rate losses beside it
+    best = {"default": 3e-3, "conditioned": 1e-2, "conditioned_v0.25": 3e-3, "mimetic": 3e-3, "affine_scaled": 3e-3}
+    cell = lambda losses: {s: dict(loss=x) for s, x in enumerate(losses)}  # noqa: E731
+    runs = {(8, 20.0, 1e-2): {"conditioned": cell([4.66, 4.74, 4.76]), "default": cell([4.68, 4.77, 4.78])},
+            (8, 20.0, 3e-3): {"default": cell([4.90, 4.91, 4.90])}}
+    res = D.same_rate_check(runs, p, best)
+    assert list(res) == ["conditioned"]
+    r = res["conditioned"]
+    gaps = [4.66 - 4.68, 4.74 - 4.77, 4.76 - 4.78]
+    assert r["lr"] == 1e-2 and r["default_lr"] == 3e-3 and r["seeds"] == [0, 1, 2]
+    assert [round(g, 9) for g in r["gap_loss"].values()] == [round(g, 9) for g in gaps]
+    assert math.isclose(r["gap_loss_ms"][0], sum(gaps) / 3)
+    assert r["default_own_rate_loss"] == {0: 4.90, 1: 4.91, 2: 4.90}
+    assert r["beyond_spread"] is D.C.exceeds_seed_spread(gaps, [4.66, 4.74, 4.76], [4.68, 4.77, 4.78]) is False
+    md = D.markdown(dict(grid={}, shared_rate={}, depths={}, same_rate=res), p, "valid.raw", 3, 3, 1.0)
+    assert "Same-rate check" in md and f"{sum(gaps) / 3:+.3f}" in md
+    assert D.same_rate_check(runs, p, dict(best, default=None)) == {}
 
 
 def _fake_record(D, out, spec, loss):
