@@ -95,13 +95,14 @@ def check_conditioned(model: nn.Module, qk_gain: float = 1.0, v_gain: float = 1.
     Per query (key) head: W (D, d) semi-orthogonal, WᵀW = qk_gain²·I_d when d ≤ D, else W Wᵀ = qk_gain²·I_D (a head
     wider than the model, e.g. a miniature's sliding-window heads); per KV head j: W_V^j = v_gain·E_j with E_j the
     (D, d) identity block at rows [j·d, (j+1)·d) mod D; q/k/v biases zero."""
+    from .init.functional import semi_orthogonality_error
+
     n = 0
     for _, g, projs in _blocks(model):
         n += 1
         for role in ("q", "k"):
             for h, w in enumerate(projs[role].heads(projs[role].weight.detach().double())):
-                gram = w.T @ w if w.shape[1] <= w.shape[0] else w @ w.T
-                err = (gram - qk_gain**2 * torch.eye(gram.shape[0], dtype=w.dtype)).abs().max()
+                err = semi_orthogonality_error(w, qk_gain)
                 assert err <= tol, f"{role} head {h}: |WᵀW − I| = {err:.2e}"
         d = g.head_dim
         for j, w in enumerate(projs["v"].heads(projs["v"].weight.detach().double())):

@@ -51,6 +51,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from . import api
 from .config import CondInitConfig, check_options_apply, resolve_condinit
 from .layouts import get_layout
+from .layouts.detect import base_model_class
 from .registry import ATTENTION_VARIANTS
 
 __all__ = ["install", "uninstall", "is_installed", "FORWARD_OPTIONS"]
@@ -124,12 +125,13 @@ def _from_config(cls, config, **kwargs):
         if text is not config:  # multimodal: the language model, built (and initialised) as a sub-model, gets it
             text.condinit = config.condinit
     impl = kwargs.get("attn_implementation")
-    if _has_base_model(config):  # the whole model's layout (its init and variant trials) decides, before any work;
-        # a sub-model's config without a model class of its own (AIMv2's text tower) is looked up by its post_init
-        if getattr(config, "condinit", None):
-            get_layout(config)
-        if isinstance(impl, str) and impl in ATTENTION_VARIANTS:
-            get_layout(config).check_variant(config, impl)
+    variant = isinstance(impl, str) and impl in ATTENTION_VARIANTS
+    # the whole model's layout (its init and variant trials) decides, before any work; a sub-model's config without
+    # a model class of its own (AIMv2's text tower) is looked up by its post_init
+    if (getattr(config, "condinit", None) or variant) and base_model_class(config) is not None:
+        layout = get_layout(config)
+        if variant:
+            layout.check_variant(config, impl)
     scoped = _variant_on_language_model(config, kwargs)
     model = _original("_from_config")(cls, config, **scoped)
     if scoped is not kwargs:  # recorded on the saved text config, so from_pretrained rebuilds the language model with it
@@ -139,12 +141,6 @@ def _from_config(cls, config, **kwargs):
         api.apply_init(model, cfg)
         _variant_hook("after_zero3_init")(model, get_layout(model), model.config)
     return model
-
-
-def _has_base_model(config) -> bool:
-    from transformers import AutoModel
-
-    return type(config) in AutoModel._model_mapping
 
 
 def _variant_on_language_model(config, kwargs: dict) -> dict:

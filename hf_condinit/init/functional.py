@@ -17,7 +17,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["semi_orthogonal_", "block_identity", "rect_identity_", "mimetic_factors", "mimetic_target", "MIMETIC_TOL",
+__all__ = ["semi_orthogonal_", "semi_orthogonality_error", "block_identity", "rect_identity_", "mimetic_factors", "mimetic_target", "MIMETIC_TOL",
            "SUBSPACE_MIN_DIM"]
 
 
@@ -32,6 +32,13 @@ def semi_orthogonal_(view: torch.Tensor, generator: torch.Generator, gain: float
     with torch.no_grad():
         view.copy_(gain * (u @ vh))
     return view
+
+
+def semi_orthogonality_error(w: torch.Tensor, gain: float = 1.0) -> torch.Tensor:
+    """max |WᵀW − gain²·I_d| of a (D, d) head (d ≤ D), else max |W Wᵀ − gain²·I_D| (a head wider than the model):
+    the property `semi_orthogonal_` writes, in ``w``'s dtype (pass float64 to check fp32 weights)."""
+    gram = w.T @ w if w.shape[1] <= w.shape[0] else w @ w.T
+    return (gram - gain**2 * torch.eye(gram.shape[0], dtype=w.dtype, device=w.device)).abs().max()
 
 
 def block_identity(rows: int, cols: int, row_offset: int = 0, gain: float = 1.0, device=None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from .separate import SeparateQKVLayout, storage_of
 
 __all__ = ["SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout", "refusal_reason",
            "REGISTER_HINT", "proof_refusal", "installed_route_refusal", "variant_trial_refusal",
-           "init_trial_refusal"]
+           "init_trial_refusal", "base_model_class"]
 
 SEPARATE_NAMES = (
     ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"),
@@ -166,11 +166,9 @@ def installed_route_refusal(layout: AttentionLayout, config) -> str | None:
     the layout proof on a miniature of ``config`` records where the attention is computed. Cached per (transformers
     version, miniature config) for the process.
     """
-    from transformers import AutoModel
-
-    if type(config) not in AutoModel._model_mapping:
+    model_class = base_model_class(config)
+    if model_class is None:
         return None
-    model_class = AutoModel._model_mapping[type(config)]
     if getattr(model_class, "_supports_attention_backend", False):
         return None
     key = (transformers.__version__, shrink_config(config).to_json_string())
@@ -183,6 +181,14 @@ def installed_route_refusal(layout: AttentionLayout, config) -> str | None:
         else:
             _ROUTES[key] = proof_refusal(prove_layout(mini, layout, inputs))
     return _ROUTES[key]
+
+
+def base_model_class(config) -> type | None:
+    """The model type's base model class (`AutoModel`'s for ``type(config)``: every tower and stack), None for a
+    config without one (a sub-model's config such as AIMv2's text tower)."""
+    from transformers import AutoModel
+
+    return AutoModel._model_mapping[type(config)] if type(config) in AutoModel._model_mapping else None
 
 
 def trial_accept(key: tuple, config, layout: AttentionLayout) -> str | None:
@@ -202,11 +208,9 @@ def init_trial_refusal(config) -> str | None:
     cannot be proved alone (T5Gemma's decoder needs encoder states), or a stack whose attention the layout does not
     match (LED's Longformer encoder); or it builds, but the layout's blocks are not the ones the init wrote
     (`_unwritten_block`). Call with the type's layout already cached (the build looks it up)."""
-    from transformers import AutoModel
-
-    if type(config) not in AutoModel._model_mapping:
+    model_class = base_model_class(config)
+    if model_class is None:
         return None
-    model_class = AutoModel._model_mapping[type(config)]
     try:
         model = model_class._from_config(shrink_config(config), dtype=torch.float32, condinit="conditioned")
     except Exception as err:  # the reason, whatever failed
@@ -220,15 +224,14 @@ def _unwritten_block(model: nn.Module) -> str | None:
     """Why the layout's blocks of a miniature built with conditioned init are not what the init wrote (None: every
     block's first query head is semi-orthogonal): the layout matched attention that another sub-model initialises
     without the init (GIT's vision tower, when the layout is read there)."""
+    from ..init.functional import semi_orthogonality_error  # here: hf_condinit.init builds on the layouts
     from . import get_layout
 
     layout = get_layout(model)
     for name, block in layout.attention_modules(model):
         geometry = layout.geometry(block, model.config)
         q = layout.projections(block, geometry)["q"]
-        w = q.heads(q.weight.detach().double())[0]
-        gram = w.T @ w if w.shape[1] <= w.shape[0] else w @ w.T
-        if (gram - torch.eye(gram.shape[0], dtype=gram.dtype)).abs().max() > 1e-4:
+        if semi_orthogonality_error(q.heads(q.weight.detach().double())[0]) > 1e-4:
             return (f"conditioned init does not reach attention block {name!r} of layout {layout.name!r} on a 2-layer "
                     f"miniature of {type(model).__name__} (its query heads are not semi-orthogonal after the build): "
                     "the layout matched attention that a sub-model initialises on its own")
@@ -246,16 +249,14 @@ def variant_trial_refusal(config, implementation: str) -> str | None:
     error there (a sub-model without HF's attention interface or without a provable layout, an attention module
     that does not receive its input the way the variant reads it) is the reason. Cached per (transformers version,
     variant, miniature config) for the process; no base model class, or no input recipe: None (nothing to try)."""
-    from transformers import AutoModel
-
-    if _TRYING or type(config) not in AutoModel._model_mapping:
+    model_class = base_model_class(config)
+    if _TRYING or model_class is None:
         return None
-    key = (transformers.__version__, implementation, shrink_config(config).to_json_string())
+    small = shrink_config(config)
+    key = (transformers.__version__, implementation, small.to_json_string())
     if key not in _TRIALS:
-        model_class = AutoModel._model_mapping[type(config)]
         _TRYING.append(implementation)
         try:
-            small = shrink_config(config)
             mini = model_class._from_config(small, dtype=torch.float32, attn_implementation=implementation).eval()
             inputs = miniature_inputs(mini)
             if inputs is not None:
@@ -317,9 +318,8 @@ def _miniature_classes(config, model_class) -> list:
     """Classes to build the miniature from: the model type's base model first (it runs every attention module,
     e.g. both stacks of an encoder-decoder, where a sub-model such as BART's decoder alone skips cross-attention),
     then the class asked for."""
-    from transformers import AutoModel
-
-    classes = [AutoModel._model_mapping[type(config)]] if type(config) in AutoModel._model_mapping else []
+    base = base_model_class(config)
+    classes = [base] if base is not None else []
     if model_class is not None and model_class not in classes:
         classes.append(model_class)
     return classes
