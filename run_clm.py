@@ -21,7 +21,7 @@ data / ``TrainingArguments``, so every Trainer flag works: ``--deepspeed``, ``--
     deepspeed --num_gpus 8 run_clm.py --deepspeed ds_configs/zero2.json --model_config gpt2-472m --bf16 \\
         --init conditioned --dataset_name roneneldan/TinyStories --tokenizer_name gpt2 --block_size 1024 ...
 
-Defaults: unless given on the command line (or in the ``.json`` argument file), the LM settings of METHODS.md §7
+Defaults: unless given on the command line (or in the ``.json`` argument file), the LM settings of docs/methods.md §7
 apply (AdamW β=(0.9, 0.95), weight decay 0.1 with biases/norms/``condinit_`` holders exempt, cosine decay, 5 %
 warmup, gradient clipping 1.0, lr 3e-4); see ``hf_condinit.scripts_common``. With neither ``--do_train`` nor
 ``--do_eval``, both run. Results: ``<output_dir>/eval_results.json`` (``eval_loss``, ``perplexity`` = exp(eval loss),

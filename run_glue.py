@@ -155,7 +155,7 @@ class DataTrainingArguments:
 
 @dataclass
 class GlueTrainingArguments(TrainingArguments):
-    """TrainingArguments with the crammed GLUE finetuning recipe as defaults (METHODS.md §7)."""
+    """TrainingArguments with the crammed GLUE finetuning recipe as defaults (docs/methods.md §7)."""
 
     learning_rate: float = field(default=4e-5, metadata={"help": "Peak learning rate (crammed: 4e-5)."})
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Batch size (crammed: 16)."})

@@ -10,7 +10,7 @@ HF example structure (``ModelArguments`` / ``DataTrainingArguments`` / ``Trainin
   ``--qk_gain``, ``--spectral_lambda``, ...); with ``--model_name_or_path`` the attention is changed only when
   ``--attention`` is given;
 - ``CondInitTrainer``: no weight decay on ``condinit_`` holders, biases, norms and other < 2-D parameters;
-- no ``--model_name_or_path``: a Crammed BERT built from ``CrammedBertConfig`` (METHODS.md §7), adjustable with
+- no ``--model_name_or_path``: a Crammed BERT built from ``CrammedBertConfig`` (docs/methods.md §7), adjustable with
   ``--config_overrides "num_hidden_layers=4,hidden_size=256"``; ``--model_name_or_path`` loads any MLM checkpoint
   with ``from_pretrained`` (never re-initialised);
 - no ``--tokenizer_name``: an uncased WordPiece tokenizer trained on the training split (saved with the model);
@@ -125,7 +125,7 @@ class DataTrainingArguments:
 
 @dataclass
 class MLMTrainingArguments(TrainingArguments):
-    """TrainingArguments with the crammed pretraining recipe as defaults (METHODS.md §7)."""
+    """TrainingArguments with the crammed pretraining recipe as defaults (docs/methods.md §7)."""
 
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (crammed: 1e-3)."})
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW β1."})

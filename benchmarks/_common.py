@@ -3,7 +3,7 @@ through the Hugging Face ``Trainer``, step-0 diagnostics.
 
 A run is what a user gets from ``run_clm.py``: ``GPT2LMHeadModel`` built with
 ``AutoModelForCausalLM.from_config(cfg, condinit=..., attn_implementation=...)`` after ``import hf_condinit``,
-trained by ``hf_condinit.scripts_common.CondInitTrainer`` with the METHODS.md §7 LM recipe
+trained by ``hf_condinit.scripts_common.CondInitTrainer`` with the docs/methods.md §7 LM recipe
 (``scripts_common.LM_TRAINING_DEFAULTS``: AdamW β = (0.9, 0.95), ε = 1e-8, weight decay 0.1 on every ≥ 2-D weight
 except ``condinit_`` holders, HF ``cosine`` schedule with 5 % linear warmup, gradient clipping 1.0; fp32 on CPU),
 saved and evaluated by ``scripts_common.train_and_save`` / ``evaluate_with_perplexity``, κ(J) logged by
@@ -588,12 +588,16 @@ def blimp_saved_run(run_dir: str, tokenizer, blimp_dir: str) -> dict:
     return evaluate_blimp(AutoModelForCausalLM.from_pretrained(run_dir), tokenizer, blimp_dir)
 
 
-def add_missing_blimp(paths: list, tokenizer, blimp_dir: Optional[str], tag: str = "compare") -> None:
+def add_missing_blimp(paths: list, tokenizer, blimp_dir: Optional[str], tag: str = "compare",
+                      data: Optional["LMData"] = None) -> None:
     """Finished runs ``paths`` = [(record path, Trainer folder)] whose record has no BLiMP accuracy: score the saved
     model when its folder is there and update the record (the run is not retrained); the others stay without it
-    (the reports show "–"), counted in one line on stderr."""
+    (the reports show "–"), counted in one line on stderr. Given ``data`` (the runs' data set), the same for the
+    zero-shot cloze (:func:`add_missing_cloze`)."""
     if not blimp_dir:
         return
+    if data is not None:
+        add_missing_cloze(paths, data, tag)
     unsaved = 0
     for path, run_dir in paths:
         with open(path) as f:
@@ -614,6 +618,61 @@ def add_missing_blimp(paths: list, tokenizer, blimp_dir: Optional[str], tag: str
 def blimp_accuracy(rec: dict) -> Optional[float]:
     """A record's overall BLiMP accuracy (0-1), None for records made without it."""
     return (rec.get("blimp") or {}).get("blimp_accuracy")
+
+
+# the zero-shot cloze recorded next to BLiMP (hf_condinit.evaluation.cloze: k = 4 words, chance 0.25)
+CLOZE = dict(n_items=1000, n_choices=4, seed=0, min_context_words=8, max_context_tokens=128)
+
+
+@functools.lru_cache(maxsize=2)
+def _heldout_documents(paths: tuple, max_bytes: Optional[int], val_fraction: float) -> tuple:
+    from hf_condinit.data.documents import documents_dataset, read_documents
+
+    return tuple(documents_dataset(read_documents(list(paths), max_bytes), val_fraction)["validation"]["text"])
+
+
+def heldout_documents(info: dict) -> list:
+    """The held-out documents of a data set (``LMData.info``): the first ``val_fraction`` of the documents of its
+    files (:func:`prepare_data`), the split its eval loss is measured on; no run trains on them."""
+    docs = _heldout_documents(tuple(info["paths"]), info["max_bytes"], info["val_fraction"])
+    if len(docs) != info["val_documents"]:
+        raise ValueError(f"the data files changed: {len(docs)} held-out documents, {info['val_documents']} recorded")
+    return list(docs)
+
+
+def evaluate_cloze(model, data: LMData) -> dict:
+    """The zero-shot cloze (``hf_condinit.evaluation.cloze.evaluate_cloze`` with :data:`CLOZE`) of ``model`` on the
+    held-out documents of ``data`` (:func:`heldout_documents`): ``cloze_accuracy`` (0-1), ``cloze_ci95``,
+    ``cloze_chance``, ``cloze_at_chance``, ..., plus ``cloze_seconds`` and ``cloze_split``."""
+    from hf_condinit.evaluation.cloze import evaluate_cloze as score
+
+    t = time.perf_counter()
+    out = score(model, data.tokenizer, heldout_documents(data.info), **CLOZE)
+    return dict(out, cloze_seconds=time.perf_counter() - t,
+                cloze_split=f"held-out: first {data.info['val_fraction']:g} of the documents of {data.info['path']}")
+
+
+def add_missing_cloze(paths: list, data: LMData, tag: str = "compare") -> None:
+    """Finished runs ``paths`` = [(record path, Trainer folder)] whose record has no cloze: score the saved model
+    (:func:`evaluate_cloze`) when its folder is there and update the record; the others are counted on stderr (the
+    committed records keep no weights)."""
+    import hf_condinit  # noqa: F401  (variants)
+    from transformers import AutoModelForCausalLM
+
+    unsaved = 0
+    for path, run_dir in paths:
+        with open(path) as f:
+            rec = json.load(f)
+        if rec.get("cloze") or rec.get("diverged"):
+            continue
+        if not os.path.exists(os.path.join(run_dir, "config.json")):
+            unsaved += 1
+            continue
+        print(f"[{tag}] {path}: cloze on the saved model", file=sys.stderr)
+        rec["cloze"] = evaluate_cloze(AutoModelForCausalLM.from_pretrained(run_dir), data)
+        write_json(path, rec)
+    if unsaved:
+        print(f"[{tag}] {unsaved} finished runs have no cloze and no saved model here", file=sys.stderr)
 
 
 def train_run(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict] = None,
@@ -679,7 +738,7 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
         train_metrics = {"train_runtime": time.perf_counter() - t_train}
         trainer.save_metrics("train", train_metrics)
     hook.remove()
-    blimp = None
+    blimp = cloze = None
     if diverged is None:
         # final held-out evaluation: the whole split, or its first ``extra["final_eval_blocks"]`` blocks
         n_final = spec.extra.get("final_eval_blocks")
@@ -687,9 +746,10 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
         final = evaluate_with_perplexity(trainer, trainer.eval_dataset)
         trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
         eval_files = evaluate_files(trainer, eval_sets or {}, final)
-        if blimp_dir:
+        if blimp_dir:  # the zero-shot evaluations: BLiMP and the held-out cloze (same switch)
             blimp = evaluate_blimp(model, data.tokenizer, blimp_dir)
-            final["blimp_accuracy"] = blimp["blimp_accuracy"]
+            cloze = evaluate_cloze(model, data)
+            final.update(blimp_accuracy=blimp["blimp_accuracy"], cloze_accuracy=cloze["cloze_accuracy"])
             trainer.save_metrics("eval", final)
     else:
         final = dict(eval_loss=math.nan, perplexity=math.inf)
@@ -700,7 +760,7 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
     train_tokens = data.info["train_blocks"] * spec.block_size
     rec.update(spec=asdict(spec), key=spec.key(), arm=spec.arm, seed=spec.seed, setting=spec.setting,
                **param_counts(model), data=data.info, step0=step0, build_seconds=t_build, run_dir=run_dir,
-               train_batches_sha256=digest.hexdigest(), eval_files=eval_files, blimp=blimp,
+               train_batches_sha256=digest.hexdigest(), eval_files=eval_files, blimp=blimp, cloze=cloze,
                initial_eval_loss=rec["eval_curve"][0][1], final_eval_loss=final["eval_loss"],
                final_eval_ppl=final["perplexity"], tokens_seen=tokens_seen, epochs=tokens_seen / train_tokens,
                train_runtime=train_metrics["train_runtime"], torch_threads=torch.get_num_threads(),
@@ -717,22 +777,6 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
 # ---------------------------------------------------------------------------------------------------------------
 # resumable execution: one record per finished run, claimed with lock files (several workers may share a folder)
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def exceeds_seed_spread(gaps: list, arm_values: list, default_values: list) -> Optional[bool]:
-    """The harness's one criterion for "beyond the seed spread": |mean paired Δ| > 2 × the pooled seed std of the
-    two arms (sample std of each arm's per-seed values) and every seed's paired Δ of one sign. ``gaps``: arm −
-    default per common seed; None with fewer than 2 (no spread is known)."""
-    gaps = [g for g in gaps if g is not None and math.isfinite(g)]
-    if len(gaps) < 2:
-        return None
-
-    def sd(xs):
-        xs = [x for x in xs if x is not None and math.isfinite(x)]
-        return statistics.stdev(xs) if len(xs) > 1 else 0.0
-
-    spread = math.sqrt((sd(arm_values) ** 2 + sd(default_values) ** 2) / 2)
-    return abs(statistics.fmean(gaps)) > 2 * spread and (all(g < 0 for g in gaps) or all(g > 0 for g in gaps))
 
 
 def crossing_step(curve, target: float, lower_better: bool = True) -> float | None:
@@ -846,6 +890,7 @@ def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_i
                 cpu0 = time.process_time()
                 rec = train_run(spec, data, run_dir, eval_sets, blimp_dir)
                 rec["cpu_seconds"] = time.process_time() - cpu0
+                rec.update(provenance())
                 rec["eval_file_info"] = eval_info
                 rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
                 rec["loadavg_1m_at_end"] = os.getloadavg()[0]
@@ -867,6 +912,32 @@ def device_name(model) -> str:
     """Where ``model`` ran: "cpu" or the GPU's name (e.g. "cuda: NVIDIA H200")."""
     dev = next(model.parameters()).device
     return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else dev.type
+
+
+def provenance() -> dict:
+    """What every new run record carries beside its ``device``: ``commit`` (``git rev-parse HEAD`` of the repo, with
+    ``commit_dirty`` when tracked files differ from it; None outside a git checkout), ``command`` (this process's
+    command line) and ``versions`` (python, torch, transformers, datasets, accelerate)."""
+    import importlib.metadata
+    import platform
+    import subprocess
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "datasets", "accelerate"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return dict(commit=git("rev-parse", "HEAD") or None, commit_dirty=None if status is None else bool(status),
+                command=" ".join([os.path.basename(sys.executable)] + sys.argv), versions=versions)
 
 
 def machine_info() -> dict:

@@ -37,10 +37,16 @@ printed before training (training, evaluation and BLiMP forward tokens; κ and t
     python benchmarks/compare.py --depth-sweep --quick --out /tmp/depth_q   # tiny sizes, a few steps
     python benchmarks/compare.py --depth-sweep --report-only                # tables / plots from finished runs
     python benchmarks/compare.py --depth-sweep --depths 8 --device cuda     # one machine's share: depth 8 on a GPU
+    python benchmarks/compare.py --depth-sweep --grid-depths 8 --depths 8 --device cuda   # + an own LR grid at depth 8
+
+``--grid-depths D``: an own LR grid at depth D (:attr:`DepthPlan.own_grid_depths`: every arm at ``grid_lrs`` at
+``main_tpp``, seed 0, extended along the ladder like the depth-4 grid); the arms' runs at depth D then use that
+grid's best rate, so a comparison there is at each arm's own best rate *at that depth*.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -51,6 +57,7 @@ from dataclasses import dataclass
 
 import _common as C
 import _scale as S
+import _verdict as V
 from _common import fail
 
 
@@ -79,6 +86,7 @@ class DepthPlan:
     shared_from: str | None = None  # output folder of the scale sweep (shared-rate runs at depth 2)
     max_bytes: int | None = None
     rate_check_depth: int | None = None  # default also at the other arms' best rates at this depth (plan step 3)
+    own_grid_depths: tuple = ()  # depths with their own LR grid (main_tpp, seed 0) deciding each arm's rate there
 
     def size(self, depth: int) -> tuple:
         return (depth, self.width, self.n_head)
@@ -106,8 +114,12 @@ POLL_SECONDS = 30
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def grid_spec(p: DepthPlan, label: str, lr: float) -> C.TrainSpec:
-    return S.make_spec(p, label, p.size(p.grid_depth), p.grid_tpp, lr, 0, KAPPA_AT)
+def grid_spec(p: DepthPlan, label: str, lr: float, depth: int | None = None) -> C.TrainSpec:
+    """A grid run: seed 0 at rate ``lr``; at ``grid_depth`` and ``grid_tpp`` (``depth`` None), or at ``depth`` and
+    ``main_tpp`` (an own-grid depth: the run is that depth's seed-0 run at ``lr``)."""
+    if depth is None:
+        return S.make_spec(p, label, p.size(p.grid_depth), p.grid_tpp, lr, 0, KAPPA_AT)
+    return depth_spec(p, label, depth, lr, 0)
 
 
 def depth_spec(p: DepthPlan, label: str, depth: int, lr: float, seed: int) -> C.TrainSpec:
@@ -133,8 +145,9 @@ def _finished_record(out: str, spec: C.TrainSpec) -> dict | None:
     return rec if rec.get("key") == spec.key() else None
 
 
-def grid_state(out: str, p: DepthPlan, eval_name: str | None) -> dict:
-    """Per arm: ``lrs`` (the rates its grid needs, ascending: ``grid_lrs`` plus the half-decades added beyond a best
+def grid_state(out: str, p: DepthPlan, eval_name: str | None, depth: int | None = None) -> dict:
+    """The grid at ``grid_depth`` (``depth`` None) or the own grid at ``depth`` (:func:`grid_spec`). Per arm:
+    ``lrs`` (the rates its grid needs, ascending: ``grid_lrs`` plus the half-decades added beyond a best
     rate at the edge), ``loss`` (lr -> compared loss of the finished grid runs) and ``best`` (the rate of the lowest
     loss once every rate of ``lrs`` is finished, else None); ``at_ladder_end`` when the best is at an edge that
     the ladder cannot extend."""
@@ -144,7 +157,7 @@ def grid_state(out: str, p: DepthPlan, eval_name: str | None) -> dict:
         while True:
             loss = {}
             for lr in lrs:
-                rec = _finished_record(out, grid_spec(p, label, lr))
+                rec = _finished_record(out, grid_spec(p, label, lr, depth))
                 if rec is not None:
                     loss[lr] = record_metric(rec, eval_name)
             best = min(loss, key=loss.get) if len(loss) == len(lrs) else None
@@ -160,25 +173,41 @@ def grid_state(out: str, p: DepthPlan, eval_name: str | None) -> dict:
     return state
 
 
-def plan(p: DepthPlan, state: dict, placeholder: bool = False) -> list[C.TrainSpec]:
-    """Every run known now, in order (module docstring): the grid runs of ``state`` (:func:`grid_state`), the depth
-    runs of the arms whose best rate is decided, then the same-rate checks (:func:`rate_check_lrs`). ``placeholder``:
-    also the undecided arms' depth runs, at ``shared_lr`` (for the cost estimate only; the rate does not change the
-    cost)."""
+def own_grid_states(out: str, p: DepthPlan, eval_name: str | None) -> dict:
+    """depth -> :func:`grid_state` of the own grid at each of ``p.own_grid_depths``."""
+    return {d: grid_state(out, p, eval_name, d) for d in p.own_grid_depths}
+
+
+def best_rates(p: DepthPlan, state: dict, states: dict | None, depth: int) -> dict:
+    """arm -> the rate its runs at ``depth`` use: the own grid's best at an own-grid depth (``states``), else the
+    best of the grid at ``grid_depth`` (``state``); None while undecided."""
+    st = (states or {}).get(depth, state)
+    return {a: st[a]["best"] for a in p.arms}
+
+
+def plan(p: DepthPlan, state: dict, placeholder: bool = False, states: dict | None = None) -> list[C.TrainSpec]:
+    """Every run known now, in order (module docstring): the grid runs of ``state`` (:func:`grid_state`) and of the
+    own grids ``states`` (:func:`own_grid_states`), the depth runs of the arms whose best rate is decided, then the
+    same-rate checks (:func:`rate_check_lrs`). ``placeholder``: also the undecided arms' depth runs, at
+    ``shared_lr`` (for the cost estimate only; the rate does not change the cost)."""
+    states = states or {}
     runs = [grid_spec(p, a, lr) for a in p.arms for lr in state[a]["lrs"]]
+    runs += [grid_spec(p, a, lr, d) for d, st in states.items() for a in p.arms for lr in st[a]["lrs"]]
     for seed in range(max(p.seeds)):
         for depth, n_seeds in zip(p.depths, p.seeds):
             if seed >= n_seeds:
                 continue
+            best = best_rates(p, state, states, depth)
             for a in p.arms:
-                lr = state[a]["best"] or (p.shared_lr if placeholder else None)
+                lr = best[a] or (p.shared_lr if placeholder else None)
                 if lr is not None:
                     runs.append(depth_spec(p, a, depth, lr, seed))
     if p.rate_check_depth is not None:
         n_seeds = dict(zip(p.depths, p.seeds))[p.rate_check_depth]
         runs += [depth_spec(p, "default", p.rate_check_depth, lr, seed) for seed in range(n_seeds)
                  for lr in rate_check_lrs(p, state)]
-    return runs
+    seen: set = set()  # an own grid's run at the best rate is also that depth's seed-0 run
+    return [r for r in runs if not (r.key() in seen or seen.add(r.key()))]
 
 
 def rate_check_lrs(p: DepthPlan, state: dict) -> list[float]:
@@ -283,8 +312,27 @@ def load_runs(out: str, eval_name: str | None) -> dict:
                 loss=loss, ppl=math.exp(loss) if loss < 700 else math.inf, blimp=C.blimp_accuracy(rec),
                 kappa_init=_kappa_layers(rec, "init"), kappa_end=_kappa_layers(rec, "end"),
                 eval_curve=rec["eval_curve"], steps=spec["steps"], n=rec["n_params_non_embedding"],
-                cpu_seconds=rec.get("cpu_seconds"))
+                n_all=rec["n_params"], tokens_seen=rec["tokens_seen"], cpu_seconds=rec.get("cpu_seconds"),
+                device=rec.get("device"), batches=rec.get("train_batches_sha256"), source=out)
     return runs
+
+
+def add_shared_seeds(runs: dict, shared: dict) -> int:
+    """Complete this sweep's cells with the scale sweep's runs of the same shape, length, rate and arm (``shared``:
+    :func:`_scale.load_cells` keyed like :func:`load_runs`) for the seeds this sweep lacks — only when every seed
+    both have trained on identical batches (``train_batches_sha256``: the same run, recorded twice). Returns the
+    number of runs added."""
+    added = 0
+    for key, cell in runs.items():
+        for label, seeds in cell.items():
+            other = shared.get(key, {}).get(label, {})
+            both = set(seeds) & set(other)
+            if not both or any(not seeds[s]["batches"] or seeds[s]["batches"] != other[s]["batches"] for s in both):
+                continue
+            for s in sorted(set(other) - set(seeds)):
+                seeds[s] = other[s]
+                added += 1
+    return added
 
 
 def _ms(xs):
@@ -292,45 +340,51 @@ def _ms(xs):
     return S._ms(xs) if xs else (None, None)
 
 
-def analyse(runs: dict, p: DepthPlan, state: dict) -> dict:
+def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -> dict:
     """Per depth and arm (at its own best rate): the runs, the paired gaps to default at its own best rate (loss
     and BLiMP), steps to default's final loss, κ per layer; the LR grid; the shared-rate comparisons."""
     best = {a: state[a]["best"] for a in p.arms}
-    res: dict = dict(best_lr={a: b for a, b in best.items()}, depths={}, grid={}, shared_rate={})
+    res: dict = dict(best_lr={a: b for a, b in best.items()}, depths={}, grid={}, shared_rate={},
+                     own_grid={d: {a: dict(loss_by_lr={f"{lr:g}": v for lr, v in sorted(st[a]["loss"].items())},
+                                           best_lr=st[a]["best"], tried=[f"{x:g}" for x in st[a]["lrs"]])
+                                   for a in p.arms} for d, st in (states or {}).items()})
     for depth in p.depths:
-        cells = {a: runs.get((depth, p.main_tpp, best[a]), {}).get(a, {}) for a in p.arms if best[a] is not None}
+        rates = best_rates(p, state, states, depth)
+        cells = {a: runs.get((depth, p.main_tpp, rates[a]), {}).get(a, {}) for a in p.arms if rates[a] is not None}
         dflt = cells.get("default", {})
         target = _ms(r["eval_curve"][-1][1] for r in dflt.values())[0] if dflt else None
         row = {}
         for a, seeds in cells.items():
             if not seeds:
                 continue
-            common = sorted(set(seeds) & set(dflt))
-            g_loss = [seeds[s]["loss"] - dflt[s]["loss"] for s in common]
-            g_blimp = [seeds[s]["blimp"] - dflt[s]["blimp"] for s in common
-                       if seeds[s]["blimp"] is not None and dflt[s]["blimp"] is not None]
+            g_loss_d = S.paired_gaps({a: seeds}, a, "loss", default=dflt)
+            g_blimp_d = S.paired_gaps({a: seeds}, a, "blimp", default=dflt)
+            g_loss, g_blimp = list(g_loss_d.values()), list(g_blimp_d.values())
             cross = ([C.crossing_step(r["eval_curve"], target) for r in seeds.values()] if target is not None
                      else [])
             reached = [c for c in cross if c is not None]
             k0 = [r["kappa_init"] for r in seeds.values() if r["kappa_init"]]
             k1 = [r["kappa_end"] for r in seeds.values() if r["kappa_end"]]
             row[a] = dict(
-                lr=best[a], seeds=sorted(seeds), ppl={s: r["ppl"] for s, r in sorted(seeds.items())},
+                lr=rates[a], seeds=sorted(seeds), ppl={s: r["ppl"] for s, r in sorted(seeds.items())},
                 loss={s: r["loss"] for s, r in sorted(seeds.items())},
                 blimp={s: r["blimp"] for s, r in sorted(seeds.items())}, steps=next(iter(seeds.values()))["steps"],
-                n=next(iter(seeds.values()))["n"],
-                gap_loss=dict(zip(common, g_loss)), gap_loss_ms=_ms(g_loss),
-                gap_blimp=g_blimp, gap_blimp_ms=_ms(g_blimp),
-                loss_beyond_spread=None if a == "default" else C.exceeds_seed_spread(
-                    g_loss, [seeds[s]["loss"] for s in common], [dflt[s]["loss"] for s in common]),
-                blimp_beyond_spread=None if a == "default" else C.exceeds_seed_spread(
-                    g_blimp, [seeds[s]["blimp"] for s in common if seeds[s]["blimp"] is not None],
-                    [dflt[s]["blimp"] for s in common if dflt[s]["blimp"] is not None]),
+                n=next(iter(seeds.values()))["n"], n_all=next(iter(seeds.values()))["n_all"],
+                tokens_seen=next(iter(seeds.values()))["tokens_seen"],
+                devices=sorted({S._device_word(r["device"]) for r in seeds.values()}),
+                from_scale_sweep=sorted(s for s, r in seeds.items() if r["source"] == p.shared_from),
+                gap_loss=g_loss_d, gap_loss_ms=_ms(g_loss), gap_blimp=g_blimp_d, gap_blimp_ms=_ms(g_blimp),
                 steps_to_default_final=cross, steps_to_default_final_mean=_ms(reached)[0], n_reached=len(reached),
+                eval_curves=[r["eval_curve"] for r in seeds.values()],
                 kappa_init_layers=[statistics.fmean(x) for x in zip(*k0)] if k0 else None,
                 kappa_end_layers=[statistics.fmean(x) for x in zip(*k1)] if k1 else None)
         if row:
             res["depths"][depth] = row
+    for what in ("loss", "blimp"):  # one Holm family per column of the depth table
+        verdicts = V.judge({(d, a): r[f"gap_{what}"] for d, row in res["depths"].items() for a, r in row.items()
+                            if a != "default"}, higher_is_better=what == "blimp")
+        for (d, a), v in verdicts.items():
+            res["depths"][d][a][f"{what}_verdict"] = v
     res["same_rate"] = same_rate_check(runs, p, best)
     for a in p.arms:
         res["grid"][a] = dict(loss_by_lr={f"{lr:g}": v for lr, v in sorted(state[a]["loss"].items())},
@@ -353,7 +407,8 @@ def analyse(runs: dict, p: DepthPlan, state: dict) -> dict:
 
 def same_rate_check(runs: dict, p: DepthPlan, best: dict) -> dict:
     """At ``rate_check_depth``, per arm whose best rate is not default's: its loss gap to default run at the *arm's*
-    rate (paired by seed; beyond spread: ``_common.exceeds_seed_spread``), next to default's own-rate runs there."""
+    rate (paired by seed; verdict: ``_verdict.judge``, the table's own family), next to default's own-rate runs
+    there."""
     depth = p.rate_check_depth
     if depth is None or best.get("default") is None:
         return {}
@@ -362,16 +417,16 @@ def same_rate_check(runs: dict, p: DepthPlan, best: dict) -> dict:
         if a == "default" or best[a] is None or best[a] == best["default"]:
             continue
         cell = runs.get((depth, p.main_tpp, best[a]), {})
-        arm, dflt = cell.get(a, {}), cell.get("default", {})
-        common = sorted(set(arm) & set(dflt))
-        gaps = [arm[s]["loss"] - dflt[s]["loss"] for s in common]
+        gaps = S.paired_gaps(cell, a)
+        dflt = cell.get("default", {})
         own = runs.get((depth, p.main_tpp, best["default"]), {}).get("default", {})
-        out[a] = dict(depth=depth, lr=best[a], default_lr=best["default"], seeds=common,
-                      default_loss={s: dflt[s]["loss"] for s in common},
+        out[a] = dict(depth=depth, lr=best[a], default_lr=best["default"], seeds=sorted(gaps),
+                      default_loss={s: dflt[s]["loss"] for s in gaps},
                       default_own_rate_loss={s: own[s]["loss"] for s in sorted(own)},
-                      gap_loss=dict(zip(common, gaps)), gap_loss_ms=_ms(gaps),
-                      beyond_spread=C.exceeds_seed_spread(gaps, [arm[s]["loss"] for s in common],
-                                                  [dflt[s]["loss"] for s in common]))
+                      gap_loss=gaps, gap_loss_ms=_ms(gaps.values()))
+    verdicts = V.judge({a: r["gap_loss"] for a, r in out.items()})  # the same-rate table: its own family
+    for a, v in verdicts.items():
+        out[a]["verdict"] = v
     return out
 
 
@@ -450,43 +505,72 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
             for a, v in arms.items():
                 lines.append(f"| {key} | {a} | {f(v['shared'], sign=True)} | {f(v['own'], sign=True)} |")
         lines.append("")
+    for d, grid in res.get("own_grid", {}).items():
+        lrs = sorted({float(x) for g in grid.values() for x in g["tried"]})
+        lines.append(f"Own LR grid at depth {d} ({p.main_tpp:g} tokens per non-embedding parameter, seed 0; loss on "
+                     f"{metric}):\n")
+        lines.append("| arm | " + " | ".join(f"lr {x:g}" for x in lrs) + " | best lr |")
+        lines.append("|---|" + "---|" * (len(lrs) + 1))
+        for a, g in grid.items():
+            lines.append(f"| {a} | " + " | ".join(f(g["loss_by_lr"].get(f"{x:g}")) for x in lrs) + " | "
+                         + ("not decided (grid unfinished)" if g["best_lr"] is None else f"{g['best_lr']:g}") + " |")
+        lines.append("")
+    unsure = [d for d in p.depths if d != p.grid_depth and d not in res.get("own_grid", {})]
     lines.append(f"Across depth (width {p.width}, head dim {p.width // p.n_head}, {p.main_tpp:g} tokens per "
-                 "parameter, each arm at its own best rate):\n")
-    lines.append("| depth | non-emb. params | arm | lr | seeds | ppl per seed | Δ loss (mean ± std) | beyond spread "
-                 "| BLiMP % per seed | Δ BLiMP pts (mean ± std) | beyond spread | steps to default's final loss "
-                 "(of total) | κ init (mean over layers) | κ end |")
+                 "non-embedding parameter, each arm at its own best rate of the grid at depth "
+                 f"{p.grid_depth}"
+                 + "".join(f", at depth {d} of its own grid there" for d in res.get("own_grid", {}))
+                 + ("" if p.rate_check_depth not in unsure else
+                    f"; at depth {p.rate_check_depth} only default has been tried at another rate (the same-rate "
+                    f"check below), so the depth-{p.rate_check_depth} verdicts are provisional (its own grid: "
+                    f"`--grid-depths {p.rate_check_depth}`)")
+                 + "; seeds marked * come from the scale sweep's records of the same run — identical batches, "
+                 "checked):\n")
+    lines.append("| depth | params (non-emb.) | tokens/param, all (non-emb.) | device | arm | lr | seeds "
+                 "| ppl per seed "
+                 "| Δ loss: mean [95 % CI] verdict | BLiMP % per seed | Δ BLiMP pts: mean [95 % CI] verdict "
+                 "| steps to default's final loss (of total) | κ init (mean over layers) | κ end |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    yn = {True: "yes", False: "no", None: "–"}
     for depth, row in res["depths"].items():
         for a in [x for x in p.arms if x in row]:
             r = row[a]
-            gl, gb = r["gap_loss_ms"], r["gap_blimp_ms"]
             st = r["steps_to_default_final_mean"]
             k0 = r["kappa_init_layers"]
             k1 = r["kappa_end_layers"]
+            seeds = ", ".join(f"{s}*" if s in r["from_scale_sweep"] else str(s) for s in r["seeds"])
             lines.append(
-                f"| {depth} | {r['n']:,} | {a} | {r['lr']:g} | {len(r['seeds'])} | "
+                f"| {depth} | {r['n_all']:,} ({r['n']:,}) | {r['tokens_seen'] / r['n_all']:.2f} ({p.main_tpp:g}) | "
+                f"{', '.join(r['devices'])} | {a} | {r['lr']:g} | {len(r['seeds'])} ({seeds}) | "
                 + " / ".join(f(x, 1) for x in r["ppl"].values()) + " | "
-                + ("–" if a == "default" else f"{f(gl[0], sign=True)} ± {f(gl[1])}") + f" | {yn[r['loss_beyond_spread']]} | "
+                + ("–" if a == "default" else V.fmt(r.get("loss_verdict"))) + " | "
                 + " / ".join(_pts(x) for x in r["blimp"].values()) + " | "
-                + ("–" if a == "default" or gb[0] is None else f"{_pts(gb[0], True)} ± {_pts(gb[1])}")
-                + f" | {yn[r['blimp_beyond_spread']]} | "
+                + ("–" if a == "default" else V.fmt(r.get("blimp_verdict"), 2, 100)) + " | "
                 + ("not reached" if st is None else f"{st:.0f} ({r['n_reached']}/{len(r['seeds'])} seeds) of {r['steps']}")
                 + f" | {_k(statistics.fmean(k0)) if k0 else '–'} | {_k(statistics.fmean(k1)) if k1 else '–'} |")
+    lines.append("")
+    fam = {w: len([1 for row in res["depths"].values() for a, r in row.items()
+                   if a != "default" and r.get(f"{w}_verdict", {}).get("n", 0) >= 2]) for w in ("loss", "blimp")}
+    lines.append(V.family_caption("this table's Δ loss cells (every depth and arm)", fam["loss"])
+                 + f" The Δ BLiMP column is its own family of {fam['blimp']} cells.")
+    for depth, row in res["depths"].items():
+        d = row.get("default")
+        if d:
+            lines.append(f"- depth {depth}: " + V.flat_sentence(V.flat_curve(d["eval_curves"], d["steps"])))
     lines.append("")
     if res.get("same_rate"):
         lines.append("Same-rate check: at depth %d each arm whose best rate is not default's against default run at the "
                      "*arm's* rate (paired by seed):\n" % p.rate_check_depth)
         lines.append("| depth | arm | lr (both) | seeds | default loss at this lr / at its own lr (per seed) "
-                     "| Δ loss (mean ± std) | beyond spread |")
-        lines.append("|---|---|---|---|---|---|---|")
+                     "| Δ loss: mean [95 % CI] verdict |")
+        lines.append("|---|---|---|---|---|---|")
         for a, r in res["same_rate"].items():
-            gl = r["gap_loss_ms"]
             d_here = " / ".join(f(x) for x in r["default_loss"].values()) or "–"
             d_own = " / ".join(f(x) for x in r["default_own_rate_loss"].values()) or "–"
             lines.append(f"| {r['depth']} | {a} | {r['lr']:g} | {len(r['seeds'])} | {d_here} (own {r['default_lr']:g}: "
-                         f"{d_own}) | " + ("–" if gl[0] is None else f"{f(gl[0], sign=True)} ± {f(gl[1])}")
-                         + f" | {yn[r['beyond_spread']]} |")
+                         f"{d_own}) | {V.fmt(r['verdict'])} |")
+        lines.append("")
+        lines.append(V.family_caption("this table's rows", len([r for r in res["same_rate"].values()
+                                                                 if r["verdict"]["n"] >= 2])))
         lines.append("")
     lines.append("κ(J) per layer (causal, mean over heads and seeds; init → end):\n")
     lines.append("| depth | arm | κ per layer at init | κ per layer at the end |")
@@ -498,7 +582,7 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
                          + (" / ".join(_k(x) for x in k1) if k1 else "–") + " |")
     lines.append("")
     lines.append(f"{n_runs} finished runs of {n_planned} planned ({cpu:.0f} core-s = {cpu / 3600:.2f} core-h of CPU "
-                 "time). 'beyond spread': |mean paired Δ| > 2 × the pooled seed std and every seed of one sign.")
+                 "time).")
     return "\n".join(lines) + "\n"
 
 
@@ -593,7 +677,9 @@ def plots(res: dict, p: DepthPlan, out: str) -> list[str]:
     return written
 
 
-def report(out: str, p: DepthPlan, eval_name: str | None, copy_plots: str | None = None) -> dict:
+def collect(out: str, p: DepthPlan, eval_name: str | None) -> tuple[dict, str]:
+    """Read only: ``(results, markdown)`` of the finished records under ``out``/runs, with the scale sweep's runs
+    of the same shape (``add_shared_seeds``); ``results`` is what ``results.json`` holds."""
     if not os.path.isdir(os.path.join(out, "runs")):
         fail(f"no finished runs under {os.path.join(out, 'runs')}; run without --report-only first")
     if eval_name is None:  # --report-only without --eval-file: the file the runs were evaluated on
@@ -601,20 +687,36 @@ def report(out: str, p: DepthPlan, eval_name: str | None, copy_plots: str | None
                         for n in json.load(open(os.path.join(root, fn))).get("eval_files", {})})
         eval_name = names[0] if names else None
     runs = load_runs(out, eval_name)
+    if p.shared_from and os.path.isdir(os.path.join(p.shared_from, "runs")):
+        shared = {}
+        for (size, tpp, lr), cell in S.load_cells(p.shared_from, eval_name).items():
+            depth, width = map(int, size.split("x"))
+            if width != p.width:
+                continue
+            for label, seeds in cell.items():
+                shared.setdefault((depth, tpp, lr), {})[label] = {
+                    s: dict(r, kappa_init=None, kappa_end=None, source=p.shared_from) for s, r in seeds.items()}
+        add_shared_seeds(runs, shared)
     state = grid_state(out, p, eval_name)
-    res = analyse(runs, p, state)
+    states = own_grid_states(out, p, eval_name)
+    res = analyse(runs, p, state, states)
     res["shared_rate"].update(shared_rate_from_scale(p, eval_name, res["depths"].get(2, {})))
-    recs = [r for c in runs.values() for s in c.values() for r in s.values()]
+    recs = [r for c in runs.values() for s in c.values() for r in s.values() if r["source"] == out]
     cpu = sum(r["cpu_seconds"] or 0 for r in recs)
     results = dict(metric=eval_name or "internal held-out split", n_runs=len(recs), cpu_seconds=cpu,
                    plan=dict(width=p.width, n_head=p.n_head, depths=p.depths, seeds=p.seeds, main_tpp=p.main_tpp,
                              grid_depth=p.grid_depth, grid_tpp=p.grid_tpp, grid_lrs=p.grid_lrs, ladder=p.ladder,
                              shared_lr=p.shared_lr, arms=p.arms, dropped=p.dropped,
-                             rate_check_depth=p.rate_check_depth), **res)
+                             rate_check_depth=p.rate_check_depth, own_grid_depths=p.own_grid_depths), **res)
+    return results, markdown(res, p, eval_name, len(recs), len(plan(p, state, placeholder=True, states=states)), cpu)
+
+
+def report(out: str, p: DepthPlan, eval_name: str | None, copy_plots: str | None = None) -> dict:
+    results, text = collect(out, p, eval_name)
     C.write_json(os.path.join(out, "results.json"), results)
     with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(markdown(res, p, eval_name, len(recs), len(plan(p, state, placeholder=True)), cpu))
-    written = plots(res, p, out)
+        f.write(text)
+    written = plots(results, p, out)
     if copy_plots:
         import shutil
 
@@ -643,6 +745,10 @@ def run(args) -> dict:
     """``compare.py --depth-sweep`` (after ``_scale.check_fixed`` and compare.py's checks): estimate, then train
     what is decided and unfinished, re-planning after every pass (the grid decides each arm's rate), report."""
     p = QUICK if args.quick else FULL
+    if args.grid_depths:
+        if not set(args.grid_depths) <= set(p.depths):
+            fail(f"--grid-depths {' '.join(map(str, args.grid_depths))}: choose from {' '.join(map(str, p.depths))}")
+        p = dataclasses.replace(p, own_grid_depths=tuple(sorted(set(args.grid_depths))))
     out = args.out or os.path.join(C.REPO_ROOT, "benchmarks", "results", "depth_quick" if args.quick else "depth")
     eval_files = args.eval_file or [S.WIKI_VALID]
     eval_name = os.path.basename(os.path.normpath(eval_files[0]))
@@ -655,7 +761,7 @@ def run(args) -> dict:
     blimp = C.blimp_dir_for(args, "depth")
     data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
-    full = plan(p, state, placeholder=True)
+    full = plan(p, state, placeholder=True, states=own_grid_states(out, p, eval_name))
     done = [r for r in full if _finished_record(out, r) is not None]
     costs = S.load_costs(out, p, p.sizes + list(p.dropped))
     for line in estimate_lines(p, out, full, done, costs, sum(i["evaluated_tokens"] for i in eval_info.values()),
@@ -666,21 +772,24 @@ def run(args) -> dict:
     paths = lambda r: S.record_paths(out, r)  # noqa: E731
     while True:
         state = grid_state(out, p, eval_name)
-        runs = plan(p, state)
+        states = own_grid_states(out, p, eval_name)
+        runs = plan(p, state, states=states)
         C.add_missing_blimp([paths(r) for r in runs if _finished_record(out, r) is not None], data.tokenizer, blimp,
-                            "depth")
+                            "depth", data)
         todo = [r for r in runs if r.n_layer in mine and _finished_record(out, r) is None
                 and not _locked(paths(r)[0])]
         if todo:
             C.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
             continue
-        undecided = [a for a in p.arms if state[a]["best"] is None]
-        if not undecided or (p.grid_depth not in mine and not any(_locked(paths(r)[0]) for r in runs)):
+        undecided = [a for a in p.arms if state[a]["best"] is None] + [
+            f"{a} at depth {d}" for d, st in states.items() for a in p.arms if st[a]["best"] is None]
+        if not undecided or not any(_locked(paths(r)[0]) for r in runs):
             break
         print(f"[depth] waiting for another worker's grid runs ({', '.join(undecided)}); polling every "
               f"{POLL_SECONDS} s", file=sys.stderr)
         time.sleep(POLL_SECONDS)
-    left = [r for r in plan(p, grid_state(out, p, eval_name)) if _finished_record(out, r) is None]
+    left = [r for r in plan(p, grid_state(out, p, eval_name), states=own_grid_states(out, p, eval_name))
+            if _finished_record(out, r) is None]
     if left:
         print(f"[depth] {len(left)} runs are left to other workers (or other --depths); run --report-only when they "
               "are finished", file=sys.stderr)

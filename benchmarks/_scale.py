@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass
 
 import _common as C
+import _verdict as V
 from _common import fail
 
 WIKI_VALID = os.path.join(C.SHARED_DATA, "wikitext", "wikitext-2-raw", "wiki.valid.raw")
@@ -337,25 +338,34 @@ def load_cells(out: str, eval_name: str | None) -> dict:
             cell = cells.setdefault((spec["extra"]["size"], spec["tokens_per_param"], spec["lr"]), {})
             cell.setdefault(spec["extra"]["label"], {})[rec["seed"]] = dict(
                 loss=loss, ppl=math.exp(loss) if loss < 700 else float("inf"), n=rec["n_params_non_embedding"],
+                n_all=rec["n_params"], tokens_seen=rec["tokens_seen"], eval_curve=rec["eval_curve"],
                 epochs=rec["epochs"], cpu_seconds=rec.get("cpu_seconds"), steps=spec["steps"],
-                blimp=C.blimp_accuracy(rec))
+                blimp=C.blimp_accuracy(rec), device=rec.get("device"), batches=rec.get("train_batches_sha256"))
     return cells
 
 
-def paired_gaps(cell: dict, label: str, key: str = "loss") -> dict:
-    """seed -> ``key``(label) − ``key``(default) (``key``: "loss" or "blimp"), over the seeds both have (with a
-    value)."""
-    d, a = cell.get("default", {}), cell.get(label, {})
-    return {s: a[s][key] - d[s][key] for s in sorted(set(a) & set(d))
-            if a[s].get(key) is not None and d[s].get(key) is not None}
+def paired_gaps(cell: dict, label: str, key: str = "loss", default: dict | None = None) -> dict:
+    """seed -> ``key``(label) − ``key``(default) (``key``: "loss" or "blimp") over the seeds both have with a
+    value, on the same device and batches (``_verdict.paired``). ``default``: the default runs to pair with
+    (seed -> summary; default: the cell's own)."""
+    d = cell.get("default", {}) if default is None else default
+    a = cell.get(label, {})
+    side = lambda runs: {s: dict(r, value=r.get(key)) for s, r in runs.items()}  # noqa: E731
+    return V.paired(side(a), side(d))
 
 
-def spread_verdict(cell: dict, arm: str, key: str = "loss") -> bool | None:
-    """Whether ``arm``'s paired gap to default in ``key`` ("loss" or "blimp") of one cell (:func:`load_cells`) is
-    beyond the seed spread (``_common.exceeds_seed_spread``); None with fewer than 2 paired seeds."""
-    gaps = paired_gaps(cell, arm, key)
-    return C.exceeds_seed_spread(list(gaps.values()), [cell[arm][s][key] for s in gaps],
-                                 [cell["default"][s][key] for s in gaps])
+def table_verdicts(cells: dict, keys: list, arms, key: str = "loss") -> dict:
+    """(cell key, arm) -> ``_verdict.judge`` record of the paired gaps in ``key`` of every non-default arm of the
+    cells ``keys``: one table column, one Holm family."""
+    return V.judge({(k, a): paired_gaps(cells[k], a, key) for k in keys for a in arms
+                    if a != "default" and a in cells[k]}, higher_is_better=key == "blimp")
+
+
+def _device_word(device: str | None) -> str:
+    """A record's device for a table: "CPU", the GPU's name, or "?" for a record without one."""
+    if not device:
+        return "?"
+    return "CPU" if device == "cpu" else device.replace("cuda: NVIDIA ", "")
 
 
 def _ms(xs):
@@ -407,13 +417,14 @@ def analyse(cells: dict, p: ScalePlan) -> dict:
             lr = min(means, key=means.get)
             best[a] = lr
             res["lr"][a] = dict(mean_loss_by_lr={f"{k:g}": v for k, v in sorted(means.items())}, best_lr=lr,
-                                best_at_grid_edge=lr in (min(p.lrs), max(p.lrs)) and len(means) == len(p.lrs))
+                                best_at_grid_edge=lr in (min(p.lrs), max(p.lrs)) and len(means) == len(p.lrs),
+                                mean_seeds=sorted(common))
     for a in arms:
         if a in best and "default" in best:
-            own, dflt = lr_cells[best[a]].get(a, {}), lr_cells[best["default"]].get("default", {})
-            gaps = [own[s]["loss"] - dflt[s]["loss"] for s in sorted(set(own) & set(dflt))]
-            res["lr"][a]["gap_at_own_best_lr"] = _ms(gaps)
-            res["lr"][a]["gap_at_shared_lr"] = _ms(paired_gaps(lr_cells.get(p.shared_lr, {}), a).values())
+            own = paired_gaps(lr_cells[best[a]], a, default=lr_cells[best["default"]].get("default", {}))
+            shared = paired_gaps(lr_cells.get(p.shared_lr, {}), a)
+            res["lr"][a].update(gap_at_own_best_lr=_ms(own.values()), gap_at_shared_lr=_ms(shared.values()),
+                                gaps_at_own_best_lr=own, gaps_at_shared_lr=shared)
     res["n_sizes"] = n_sizes
     return res
 
@@ -426,29 +437,35 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
 
     def table(title, keys):
         lines.append(title + "\n")
-        lines.append("| size | non-emb. params | tokens/param | lr | epochs | arm | seeds | ppl per seed | ppl mean ± std "
-                     "| Δ loss (mean ± std) | beyond spread | BLiMP % per seed | Δ BLiMP pts (mean ± std) "
-                     "| beyond spread |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        yn = {True: "yes", False: "no", None: "–"}
+        lines.append("| size | params (non-emb.) | tokens/param, all (non-emb.) | lr | epochs | device | arm | seeds "
+                     "| ppl per seed | ppl mean ± std | Δ loss: mean [95 % CI] verdict | BLiMP % per seed "
+                     "| Δ BLiMP pts: mean [95 % CI] verdict |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        verdicts = {key: table_verdicts(cells, keys, p.arms, key) for key in ("loss", "blimp")}
         for k in keys:
             c = cells[k]
             for a in [x for x in p.arms if x in c]:
                 runs = c[a]
                 ppl_m, ppl_s = _ms(r["ppl"] for r in runs.values())
-                gm, gs = _ms(paired_gaps(c, a).values()) if a != "default" else (None, None)
-                any_run = next(iter(runs.values()))
-                bm, bs = _ms(100 * g for g in paired_gaps(c, a, "blimp").values()) if a != "default" else (None, None)
-                beyond = {key: None if a == "default" else spread_verdict(c, a, key) for key in ("loss", "blimp")}
-                lines.append(f"| {k[0]} | {any_run['n']:,} | {k[1]:g} | {k[2]:g} | {any_run['epochs']:.2f} | {a} | "
-                             f"{len(runs)} | {' / '.join(format(r['ppl'], '.2f') for r in runs.values())} | "
+                r0 = next(iter(runs.values()))
+                devices = ", ".join(sorted({_device_word(r.get("device")) for r in runs.values()}))
+                lines.append(f"| {k[0]} | {r0['n_all']:,} ({r0['n']:,}) | {r0['tokens_seen'] / r0['n_all']:.2f} "
+                             f"({k[1]:g}) | {k[2]:g} | {r0['epochs']:.2f} | {devices} | {a} | {len(runs)} | "
+                             f"{' / '.join(format(r['ppl'], '.2f') for r in runs.values())} | "
                              f"{_f(ppl_m, 2)} ± {_f(ppl_s, 2)} | "
-                             + ("–" if a == "default" else f"{_f(gm, sign=True)} ± {_f(gs)}")
-                             + f" | {yn[beyond['loss']]} | "
+                             + ("–" if a == "default" else V.fmt(verdicts["loss"].get((k, a)))) + " | "
                              + " / ".join(_f(None if r.get("blimp") is None else 100 * r["blimp"], 2)
                                           for r in runs.values()) + " | "
-                             + ("–" if a == "default" or bm is None else f"{_f(bm, 2, sign=True)} ± {_f(bs, 2)}")
-                             + f" | {yn[beyond['blimp']]} |")
+                             + ("–" if a == "default" else V.fmt(verdicts["blimp"].get((k, a)), 2, 100)) + " |")
+        lines.append("")
+        sizes = {key: len([v for v in verdicts[key].values() if v["n"] >= 2]) for key in verdicts}
+        lines.append(V.family_caption("this table's Δ loss cells", sizes["loss"])
+                     + f" The Δ BLiMP column is its own family of {sizes['blimp']} cells.")
+        for k in keys:
+            curves = [r["eval_curve"] for r in cells[k].get("default", {}).values()]
+            if curves:
+                lines.append(f"- {k[0]}, {k[1]:g} tokens per non-embedding parameter: "
+                             + V.flat_sentence(V.flat_curve(curves, next(iter(cells[k]["default"].values()))["steps"])))
         lines.append("")
 
     order = {size_name(s): i for i, s in enumerate(p.sizes)}
@@ -459,18 +476,26 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
         table(f"Across training length (size {mid}, lr {p.shared_lr:g}):", length)
     if res["lr"]:
         lrs = sorted({float(x) for r in res["lr"].values() for x in r["mean_loss_by_lr"]})
-        lines.append(f"Learning rate (size {mid}, {p.lr_tpp:g} tokens per parameter; mean loss over seeds; Δ at own "
-                     "best LR = arm at its best LR − default at its best LR, paired by seed):\n")
-        lines.append("| arm | " + " | ".join(f"loss lr {x:g}" for x in lrs) + " | best lr | Δ at shared lr | "
-                     "Δ at own best lr |")
+        mseeds = sorted({s for r in res["lr"].values() for s in r["mean_seeds"]})
+        verdicts = V.judge({(a, w): r[f"gaps_at_{w}"] for a, r in res["lr"].items() if a != "default"
+                            for w in ("shared_lr", "own_best_lr")})
+        lines.append(f"Learning rate (size {mid}, {p.lr_tpp:g} tokens per non-embedding parameter; loss columns: mean "
+                     f"over seeds {', '.join(map(str, mseeds))} (the seeds every rate has); Δ columns: paired by "
+                     "seed over every seed both sides have, n given; Δ at own best LR = arm at its best LR − "
+                     "default at its best LR):\n")
+        lines.append("| arm | " + " | ".join(f"loss lr {x:g}" for x in lrs) + " | best lr | Δ at shared lr (n) | "
+                     "Δ at own best lr (n) |")
         lines.append("|---|" + "---|" * (len(lrs) + 3))
         for a, r in res["lr"].items():
             vals = [r["mean_loss_by_lr"].get(f"{x:g}") for x in lrs]
             edge = " (grid edge)" if r["best_at_grid_edge"] else ""
-            g1, g2 = r.get("gap_at_shared_lr", (None, None)), r.get("gap_at_own_best_lr", (None, None))
-            lines.append(f"| {a} | " + " | ".join(_f(v) for v in vals) + f" | {r['best_lr']:g}{edge} | "
-                         + ("–" if a == "default" else f"{_f(g1[0], sign=True)} ± {_f(g1[1])} | "
-                            f"{_f(g2[0], sign=True)} ± {_f(g2[1])}") + (" | – |" if a == "default" else " |"))
+            cells_txt = " – | – |" if a == "default" else " | ".join(
+                f"{V.fmt(verdicts[(a, w)])} ({verdicts[(a, w)]['n']})" for w in ("shared_lr", "own_best_lr")) + " |"
+            lines.append(f"| {a} | " + " | ".join(_f(v) for v in vals) + f" | {r['best_lr']:g}{edge} |"
+                         + ("" if a == "default" else " ") + cells_txt)
+        lines.append("")
+        lines.append(V.family_caption("this table's Δ cells (both columns)",
+                                      len([v for v in verdicts.values() if v["n"] >= 2])))
         lines.append("")
     lines.append("Trend of the gap (least squares on log10, each seed one point; 95 % intervals; extrapolation "
                  "to 472M / 1.72B non-embedding parameters **from CPU-scale runs**, far outside the measured "
@@ -545,7 +570,9 @@ def plots(cells: dict, res: dict, p: ScalePlan, out: str) -> list[str]:
     return written
 
 
-def report(out: str, p: ScalePlan, eval_name: str | None, copy_plots: str | None = None) -> dict:
+def collect(out: str, p: ScalePlan, eval_name: str | None) -> tuple[dict, dict, str]:
+    """Read only: ``(cells, results, markdown)`` of the finished records under ``out``/runs (``results`` is what
+    ``results.json`` holds)."""
     cells = load_cells(out, eval_name)
     if not cells:
         fail(f"no finished runs under {os.path.join(out, 'runs')}; run without --report-only first")
@@ -563,11 +590,17 @@ def report(out: str, p: ScalePlan, eval_name: str | None, copy_plots: str | None
                              lrs=p.lrs, shared_lr=p.shared_lr, arms=p.arms),
                    cells=[dict(size=k[0], tokens_per_param=k[1], lr=k[2], arms=v) for k, v in sorted(cells.items())],
                    **res)
+    text = (markdown(cells, res, p, eval_name)
+            + f"{n_runs} finished runs, {cpu:.0f} core-s ({cpu / 3600:.2f} core-h) of CPU time.\n")
+    return cells, results, text
+
+
+def report(out: str, p: ScalePlan, eval_name: str | None, copy_plots: str | None = None) -> dict:
+    cells, results, text = collect(out, p, eval_name)
     C.write_json(os.path.join(out, "results.json"), results)
     with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(markdown(cells, res, p, eval_name)
-                + f"{n_runs} finished runs, {cpu:.0f} core-s ({cpu / 3600:.2f} core-h) of CPU time.\n")
-    written = plots(cells, res, p, out)
+        f.write(text)
+    written = plots(cells, results, p, out)
     if copy_plots:
         import shutil
 
@@ -637,7 +670,7 @@ def run(args) -> dict:
     most = max(r.steps * r.batch_size * r.block_size for r in runs)
     print(f"[scale] training data: {data.info['train_tokens']:,} tokens; the longest run reads "
           f"{most / (data.info['train_blocks'] * p.block_size):.2f} epochs; output {out}", file=sys.stderr)
-    C.add_missing_blimp([record_paths(out, r) for r in runs if r not in todo], data.tokenizer, blimp, "scale")
+    C.add_missing_blimp([record_paths(out, r) for r in runs if r not in todo], data.tokenizer, blimp, "scale", data)
     skipped = C.execute_runs(runs, todo, data, eval_sets, eval_info, lambda r: record_paths(out, r), blimp)
     if skipped:
         print(f"[scale] {len(skipped)} runs are being done by another worker; run --report-only when they are "

@@ -46,6 +46,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import _common as C
+import _verdict as V
 
 DATA_DIR = os.path.join(C.SHARED_DATA, "cifar10")
 TRAIN_FILE = os.path.join(DATA_DIR, "train.parquet")
@@ -378,7 +379,8 @@ def aggregate(recs: list[dict]) -> dict:
         seeds = sorted(runs)
         acc = [runs[s]["test_accuracy"] for s in seeds]
         loss = [runs[s]["test_loss"] for s in seeds]
-        paired = [runs[s]["test_accuracy"] - default[s]["test_accuracy"] for s in seeds if s in default]
+        paired = V.paired({s: V.entry(runs[s], runs[s]["test_accuracy"]) for s in seeds},
+                          {s: V.entry(r, r["test_accuracy"]) for s, r in default.items()})
         steps_to = [crossing_step(runs[s]["curve"], target) if target is not None else None for s in seeds]
         first = runs[seeds[0]]
         steps = sorted({p["step"] for s in seeds for p in runs[s]["curve"]})
@@ -394,7 +396,8 @@ def aggregate(recs: list[dict]) -> dict:
         out[arm] = dict(
             seeds=seeds, test_accuracy=acc, acc_mean=_mean_std(acc)[0], acc_std=_mean_std(acc)[1],
             test_loss=loss, loss_mean=_mean_std(loss)[0], loss_std=_mean_std(loss)[1],
-            paired_delta=paired, delta_mean=_mean_std(paired)[0], delta_std=_mean_std(paired)[1],
+            paired_delta=paired, delta_mean=_mean_std(paired.values())[0],
+            delta_std=_mean_std(paired.values())[1], devices=sorted({runs[s].get("device") or "?" for s in seeds}),
             steps_to_default_final=steps_to, default_final_curve_accuracy=target,
             run_steps=first["spec"]["steps"], initial_curve_loss=_mean_std([runs[s]["curve"][0]["loss"]
                                                                              for s in seeds])[0],
@@ -427,23 +430,30 @@ def markdown(results: dict) -> str:
     lines.append("Seed paper Table 2 (ViT-T, CIFAR-10, full training, top-1 %): default 92.4 / mimetic 93.6 / "
                  "conditioned 94.1 — a far larger scale: compare the arms with each other.")
     lines.append("")
+    verdicts = V.judge({(name, arm): a["paired_delta"] for name, arms in results["settings"].items()
+                        for arm, a in arms.items() if arm != "default"}, higher_is_better=True)
     for name, arms in results["settings"].items():
         n = next(iter(arms.values()))
         lines.append(f"## {name}: {results['n_train'].get(name)} training images")
         lines.append("")
-        lines.append("| arm | seeds | top-1 % (mean ± std) | Δ vs default (pp) | test loss | steps to default's final "
-                     "curve acc | κ init (mean / max) | κ end (mean / max) | images/s |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("| arm | seeds | device | top-1 % (mean ± std) | Δ vs default (pp), paired: mean [95 % CI] "
+                     "verdict | test loss | steps to default's final curve acc | κ init (mean / max) | "
+                     "κ end (mean / max) | images/s |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for arm, a in arms.items():
-            d = "–" if a["delta_mean"] is None or arm == "default" else _pct(a["delta_mean"], a["delta_std"])
+            d = "–" if arm == "default" else V.fmt(verdicts.get((name, arm)), 2, 100)
             st = [s for s in a["steps_to_default_final"]]
             st_txt = ", ".join("never" if s is None else f"{s:.0f}" for s in st)
             ki, ke = a["kappa_init"], a["kappa_end"]
             kit = "–" if not ki else f"{_f(ki['mean'], 0)} / {_f(ki['max'], 0)} ({ki['n_saturated']} sat.)"
             ket = "–" if not ke else f"{_f(ke['mean'], 0)} / {_f(ke['max'], 0)} ({ke['n_saturated']} sat.)"
-            lines.append(f"| {arm} | {len(a['seeds'])} | {_pct(a['acc_mean'], a['acc_std'])} | {d} | "
+            lines.append(f"| {arm} | {len(a['seeds'])} | {', '.join(a['devices'])} | "
+                         f"{_pct(a['acc_mean'], a['acc_std'])} | {d} | "
                          f"{_f(a['loss_mean'])} | {st_txt} (of {a['run_steps']}) | {kit} | {ket} | "
                          f"{_f(a['images_per_second'], 0)} |")
+        lines.append("")
+        lines.append(V.family_caption("the Δ cells of both settings' tables (every arm against default)",
+                                      len([v for v in verdicts.values() if v["n"] >= 2])))
         lines.append("")
         lines.append(f"Default's final curve accuracy (1,000-image subset): {_f(n['default_final_curve_accuracy'])}. "
                      "κ: one test image, layers " + ", ".join(str(l["layer"]) for l in (n["kappa_init"] or n["kappa_end"] or {"layers": []})["layers"]) +
@@ -467,10 +477,8 @@ def markdown(results: dict) -> str:
                          f"| {pair('attn_out_rms')} | {_f(a['step0']['logits_std'], 3)} | "
                          f"{_f(a['initial_curve_loss'])} |")
         lines.append("")
-    m = results["machine"]
-    lines.append(f"Runs: {results['n_runs']}; total training time {results['total_train_seconds']:.0f} s; machine: "
-                 f"{m.get('cpu')}, {m.get('cpu_count')} cores, torch {m.get('torch')}, transformers "
-                 f"{m.get('transformers')} (shared machine: see each run's loadavg_1m_at_end).")
+    lines.append(f"Runs: {results['n_runs']}; total training time {results['total_train_seconds']:.0f} s "
+                 "(shared machine: see each run's loadavg_1m_at_end).")
     return "\n".join(lines) + "\n"
 
 
@@ -505,7 +513,8 @@ def plots(results: dict, out: str) -> list[str]:
     return written
 
 
-def report(out: str) -> dict:
+def collect(out: str) -> dict:
+    """Read only: the aggregate of the finished records under ``out``/runs (what ``results.json`` holds)."""
     recs: dict[str, list] = {}
     runs_dir = os.path.join(out, "runs")
     for root, _, files in os.walk(runs_dir):
@@ -519,7 +528,7 @@ def report(out: str) -> dict:
     order = sorted(recs, key=lambda n: (n != "full", n))
     any_rec = recs[order[0]][0]
     spec = {k: v for k, v in any_rec["spec"].items() if k not in ("arm", "seed", "setting", "n_train")}
-    results = {"machine": C.machine_info(), "spec": spec,
+    results = {"spec": spec,
                "n_train": {n: recs[n][0]["n_train"] for n in order}, "n_test": any_rec["n_test"],
                "settings": {n: aggregate(recs[n]) for n in order},
                "n_runs": sum(len(v) for v in recs.values()),
@@ -529,6 +538,12 @@ def report(out: str) -> dict:
             if a["kappa_init"] is None:
                 a["kappa_init"] = next((o[arm]["kappa_init"] for o in results["settings"].values()
                                         if arm in o and o[arm]["kappa_init"]), None)
+    return results
+
+
+def report(out: str) -> dict:
+    results = collect(out)
+    results["machine"] = C.machine_info()  # where the report was made (not in markdown)
     C.write_json(os.path.join(out, "results.json"), results)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(markdown(results))
@@ -573,6 +588,7 @@ def main(argv=None) -> dict:
             t1 = time.time()
             rec = train_run(spec, train_files.get(spec.n_train, args.train_file), curve_file, test_file,
                             os.path.join(out, "work", spec.setting, spec.arm, f"seed{spec.seed}"))
+            rec.update(C.provenance(), device="cpu")  # the vision mode trains on the CPU only (use_cpu=True)
             C.write_json(path, rec)
         print(f"[vision] {i + 1}/{len(todo)} {spec.setting}/{spec.arm}/seed{spec.seed}: top-1 "
               f"{rec['test_accuracy']:.4f}, {rec['train_images_per_second']:.0f} img/s, {time.time() - t1:.0f} s",

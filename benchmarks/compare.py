@@ -2,14 +2,15 @@
 
 Arms (``_common.ARMS``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
 identity mode), preconditioned, attention_sink. Each arm × seed is one ``run_clm.py``-style run through the HF
-``Trainer`` (``_common.train_run``: the library's data helpers, ``CondInitTrainer``, the METHODS.md §7 LM recipe,
+``Trainer`` (``_common.train_run``: the library's data helpers, ``CondInitTrainer``, the docs/methods.md §7 LM recipe,
 ``ConditionNumberCallback``), into a normal Trainer output folder ``trainer/<setting>/<arm>/seed<k>/``. Same data order
 per seed across arms (the Trainer's sampler seeded with the seed), held-out split = the first 5 % of the documents.
 
 Per arm the report gives: final eval perplexity (full held-out split, and each ``--eval-file``) mean ± std over seeds;
-the paired difference to default and whether it exceeds the seed spread; steps to reach the default arm's final eval
+the paired difference to default with its 95 % interval and verdict (``_verdict.judge``: better / worse / no, Holm
+over the table); steps to reach the default arm's final eval
 loss (on the eval-curve subset, linear interpolation between eval points) and the ratio to the run length; κ(J) of the
-attention Jacobian (METHODS.md §6; causal mask as used, and unmasked) with its surrogate bound at a few points of the
+attention Jacobian (docs/methods.md §6; causal mask as used, and unmasked) with its surrogate bound at a few points of the
 run (first seed only, small probe: it costs seconds per measurement); step-0 diagnostics (initial loss, attention
 entropy per layer, activation scales); parameter counts (all / non-embedding), tokens seen and epochs. Outputs in
 ``--out``: ``runs/<setting>/<arm>/seed<k>.json`` (one record per finished run, written last — a rerun skips it;
@@ -43,6 +44,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+import _verdict as V  # noqa: E402
 from _common import fail, finished, steps_for_tokens_per_param  # noqa: E402
 
 # Built-in sweep: name -> overrides of the base TrainSpec. Gain-only settings change the conditioned arm only.
@@ -113,6 +115,10 @@ def parse_args(argv=None):
     p.add_argument("--depths", type=int, nargs="+", default=None, metavar="N",
                    help="--depth-sweep: train only the runs of these depths (grid runs included at the grid's "
                         "depth), e.g. to split the sweep between machines; default every depth of the plan")
+    p.add_argument("--grid-depths", type=int, nargs="+", default=None, metavar="N",
+                   help="--depth-sweep: also an LR grid at these depths (20 tokens per parameter, seed 0, the "
+                        "depth-4 grid's rates extended like it); each arm's runs there use that grid's best rate "
+                        "(pass it to --report-only too)")
     p.add_argument("--report-only", action="store_true", help="only aggregate the finished runs")
     p.add_argument("--no-report", action="store_true", help="run, but leave the aggregation to another call")
     p.add_argument("--copy-plots", default=None, help="also copy the PNG plots into this directory")
@@ -306,6 +312,7 @@ def aggregate_setting(recs: list[dict]) -> dict:
     for r in recs:
         by_arm.setdefault(r["arm"], {})[r["seed"]] = r
     out = {"arms": {}}
+    family: dict = {}  # (arm, "loss" | "blimp") -> seed -> paired Δ: the verdicts of one table (_verdict.judge)
     default = by_arm.get("default", {})
     target = None
     if default:
@@ -326,17 +333,17 @@ def aggregate_setting(recs: list[dict]) -> dict:
                  epochs=rs[0].get("epochs"), diverged=[r["seed"] for r in rs if "diverged_at" in r],
                  n_params=rs[0]["n_params"], n_params_non_embedding=rs[0]["n_params_non_embedding"],
                  tokens_seen=rs[0]["tokens_seen"],
-                 tokens_per_param=rs[0]["tokens_seen"] / rs[0]["n_params_non_embedding"])
+                 tokens_per_param=rs[0]["tokens_seen"] / rs[0]["n_params_non_embedding"],
+                 devices=sorted({r.get("device") or "unknown" for r in rs}))
         acc = [C.blimp_accuracy(r) for r in rs]
         a["blimp_accuracy"] = acc
         a["blimp_mean"], a["blimp_std"] = _mean_std(acc)
         if arm != "default" and default:
-            d_acc = [acc[i] - C.blimp_accuracy(default[s]) for i, s in enumerate(sorted(seeds))
-                     if s in default and acc[i] is not None and C.blimp_accuracy(default[s]) is not None]
-            a["delta_blimp_vs_default"] = d_acc
-            a["delta_blimp_mean"], a["delta_blimp_std"] = _mean_std(d_acc)
-            a["blimp_exceeds_seed_spread"] = C.exceeds_seed_spread(
-                d_acc, acc, [C.blimp_accuracy(default[s]) for s in sorted(default)])
+            d_acc = V.paired({s: V.entry(r, C.blimp_accuracy(r)) for s, r in seeds.items()},
+                             {s: V.entry(r, C.blimp_accuracy(r)) for s, r in default.items()})
+            a["delta_blimp_vs_default"] = list(d_acc.values())
+            a["delta_blimp_mean"], a["delta_blimp_std"] = _mean_std(list(d_acc.values()))
+            family[(arm, "blimp")] = d_acc
         files = sorted({n for r in rs for n in r.get("eval_files", {})})
         if files:
             a["eval_files"] = {name: eval_file_stats(name, seeds, default if arm != "default" else {})
@@ -349,17 +356,11 @@ def aggregate_setting(recs: list[dict]) -> dict:
             a["n_reached"] = len(reached)
             a["ratio_to_run_length"] = (a["steps_to_default_final_mean"] / steps_total) if reached else None
         if arm != "default" and default:
-            common = sorted(set(seeds) & set(default))
-            diffs = [seeds[s]["final_eval_loss"] - default[s]["final_eval_loss"] for s in common]
-            dm, dsd = _mean_std(diffs)
-            dl_std = _mean_std([default[s]["final_eval_loss"] for s in default])[1] or 0.0
-            a["delta_loss_vs_default"] = diffs
-            a["delta_mean"] = dm
-            a["delta_std"] = dsd
-            a["seed_spread"] = math.sqrt(((ls or 0.0) ** 2 + dl_std ** 2) / 2)
-            a["same_sign_all_seeds"] = bool(diffs) and (all(d < 0 for d in diffs) or all(d > 0 for d in diffs))
-            a["exceeds_seed_spread"] = C.exceeds_seed_spread(
-                diffs, [r["final_eval_loss"] for r in rs], [default[s]["final_eval_loss"] for s in default])
+            diffs = V.paired({s: V.entry(r, r["final_eval_loss"]) for s, r in seeds.items()},
+                             {s: V.entry(r, r["final_eval_loss"]) for s, r in default.items()})
+            a["delta_loss_vs_default"] = list(diffs.values())
+            a["delta_mean"], a["delta_std"] = _mean_std(list(diffs.values()))
+            family[(arm, "loss")] = diffs
         # κ curve (runs that measured it)
         kruns = [r for r in rs if r.get("kappa")]
         if kruns:
@@ -383,6 +384,12 @@ def aggregate_setting(recs: list[dict]) -> dict:
         a["eval_curves"] = {r["seed"]: r["eval_curve"] for r in rs}
         a["train_curves"] = {r["seed"]: [[t[0], t[1]] for t in r["train_curve"]] for r in rs}
         out["arms"][arm] = a
+    out["verdict_family_size"] = {}
+    for what in ("loss", "blimp"):  # one family per metric column of the table
+        verdicts = V.judge({arm: d for (arm, w), d in family.items() if w == what}, higher_is_better=what == "blimp")
+        for arm, v in verdicts.items():
+            out["arms"][arm][f"{what}_verdict"] = v
+        out["verdict_family_size"][what] = len([v for v in verdicts.values() if v["n"] >= 2])
     return out
 
 
@@ -422,28 +429,32 @@ def markdown(results: dict) -> str:
                      f"{spec['block_size']}; {spec['steps']} steps × batch {spec['batch_size']} × {spec['block_size']}"
                      f" tokens = {a0.get('epochs', 0):.2f} epochs of the training split; AdamW lr {spec['lr']}, "
                      f"β (0.9, 0.95), wd 0.1, warmup {spec['warmup']}, cosine, clip 1.0.\n")
+        devices = sorted({d for a in base["arms"].values() for d in a["devices"]})
+        flat = V.flat_curve(base["arms"]["default"]["eval_curves"].values(), spec["steps"]) \
+            if "default" in base["arms"] else None
         lines.append(f"Parameters: {a0['n_params']:,} ({a0['n_params_non_embedding']:,} non-embedding); tokens seen "
-                     f"{a0['tokens_seen']:,} = {a0['tokens_per_param']:.2f} tokens per non-embedding parameter"
-                     + (f", {a0['epochs']:.2f} epochs: training blocks are seen more than once" if a0["epochs"] > 1
-                        else "") + ".\n")
-        lines.append("| arm | seeds | eval ppl (mean ± std) | eval loss | Δ loss vs default (paired, mean ± std) | "
-                     "exceeds seed spread | BLiMP acc. % (mean ± std) | Δ BLiMP pts (paired) | exceeds seed spread | "
+                     f"{a0['tokens_seen']:,} = {a0['tokens_seen'] / a0['n_params']:.3f} tokens per parameter "
+                     f"({a0['tokens_per_param']:.3f} per non-embedding parameter), {a0['epochs']:.2f} epochs"
+                     + (": training blocks are seen more than once" if a0["epochs"] > 1 else "")
+                     + f". Ran on: {', '.join(devices)}. {V.flat_sentence(flat)}\n")
+        lines.append("| arm | seeds | eval ppl (mean ± std) | eval loss | Δ loss vs default, paired: mean [95 % CI] "
+                     "verdict | BLiMP acc. % (mean ± std) | Δ BLiMP pts, paired: mean [95 % CI] verdict | "
                      "steps to default's final loss (ratio) | tokens/s |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for arm in arm_order(base["arms"]):
             a = base["arms"][arm]
-            delta = "–" if arm == "default" else f"{_fmt(a.get('delta_mean'))} ± {_fmt(a.get('delta_std'))}"
-            yn = {True: "yes", False: "no", None: "n/a (1 seed)"}
-            exc = "–" if arm == "default" else yn[a.get("exceeds_seed_spread")]
-            b_exc = "–" if arm == "default" or a.get("delta_blimp_mean") is None else yn[
-                a.get("blimp_exceeds_seed_spread")]
             st = a.get("steps_to_default_final_mean")
             reach = (f"{st:.0f} ({a['ratio_to_run_length']:.2f}), {a['n_reached']}/{len(a['seeds'])} seeds"
                      if st is not None else f"not reached (0/{len(a['seeds'])})")
             lines.append(f"| {arm} | {len(a['seeds'])} | {_fmt(a['ppl_mean'], 2)} ± {_fmt(a['ppl_std'], 2)} | "
-                         f"{_fmt(a['loss_mean'])} | {delta} | {exc} | {_pct(a.get('blimp_mean'))} ± "
-                         f"{_pct(a.get('blimp_std'))} | {_pct(a.get('delta_blimp_mean'), sign=True)} ± "
-                         f"{_pct(a.get('delta_blimp_std'))} | {b_exc} | {reach} | {_fmt(a['tokens_per_s'], 0)} |")
+                         f"{_fmt(a['loss_mean'])} | {V.fmt(a.get('loss_verdict'))} | {_pct(a.get('blimp_mean'))} ± "
+                         f"{_pct(a.get('blimp_std'))} | {V.fmt(a.get('blimp_verdict'), 2, 100)} | {reach} | "
+                         f"{_fmt(a['tokens_per_s'], 0)} |")
+        lines.append("")
+        lines.append(V.family_caption("this table's Δ loss cells (arms against default)",
+                                      base["verdict_family_size"]["loss"])
+                     + " The Δ BLiMP column is its own family of "
+                     f"{base['verdict_family_size']['blimp']} cells.")
         lines.append("")
         files = sorted({n for a in base["arms"].values() for n in a.get("eval_files", {})})
         if files:
@@ -464,8 +475,9 @@ def markdown(results: dict) -> str:
             lines.append("")
         lines.append("κ(J) of the attention Jacobian (mean over layers of the per-layer mean over heads; probe "
                      f"{spec['kappa_probe'][0]} × {spec['kappa_probe'][1]} held-out tokens; causal = the mask the "
-                     "model uses, unmasked = same heads without it; bound = surrogate of METHODS.md §1, causal):\n")
-        lines.append("| arm | step | κ causal | κ unmasked | bound | κ(P) layer 0 | saturated heads | s/measurement |")
+                     "model uses, unmasked = same heads without it; surrogate = the papers' S of docs/methods.md §1, causal, "
+                     "which is not an upper bound of κ):\n")
+        lines.append("| arm | step | κ causal | κ unmasked | surrogate | κ(P) layer 0 | saturated heads | s/measurement |")
         lines.append("|---|---|---|---|---|---|---|---|")
         for arm in arm_order(base["arms"]):
             for m in base["arms"][arm].get("kappa", []):
@@ -490,29 +502,28 @@ def markdown(results: dict) -> str:
     if sweep:
         lines.append("Sweep (conditioned vs default; the default arm of gain-only settings is the base default; "
                      "Δ = conditioned − default final eval loss, paired by seed):\n")
-        lines.append("| setting | seeds | default loss | conditioned loss | Δ | conditioned wins | "
+        rows = {name: agg["arms"] for name, agg in results["settings"].items()
+                if "conditioned" in agg["arms"] and "default" in agg["arms"]}
+        verdicts = V.judge({name: arms["conditioned"].get("loss_verdict", {}).get("diffs", {})
+                            for name, arms in rows.items()})
+        lines.append("| setting | seeds | default loss | conditioned loss | Δ: mean [95 % CI] verdict | "
                      "cond. step-0 entropy (layers) | default step-0 entropy |")
-        lines.append("|---|---|---|---|---|---|---|---|")
-        for name, agg in results["settings"].items():
-            arms = agg["arms"]
-            if "conditioned" not in arms or "default" not in arms:
-                continue
+        lines.append("|---|---|---|---|---|---|---|")
+        for name, arms in rows.items():
             c, d = arms["conditioned"], arms["default"]
-            common = sorted(set(c["seeds"]) & set(d["seeds"]))
-            diffs = [c["final_eval_loss"][c["seeds"].index(s)] - d["final_eval_loss"][d["seeds"].index(s)]
-                     for s in common]
-            dm = statistics.fmean(diffs) if diffs else None
             j = lambda xs: " / ".join(_fmt(x, 2) for x in xs)  # noqa: E731
-            lines.append(f"| {name} | {len(common)} | {_fmt(d['loss_mean'])} | {_fmt(c['loss_mean'])} | {_fmt(dm)} "
-                         f"| {'yes' if dm is not None and dm < 0 else 'no'} | {j(c['step0']['attn_entropy'])} | "
+            lines.append(f"| {name} | {verdicts[name]['n']} | {_fmt(d['loss_mean'])} | {_fmt(c['loss_mean'])} | "
+                         f"{V.fmt(verdicts[name])} | {j(c['step0']['attn_entropy'])} | "
                          f"{j(d['step0']['attn_entropy'])} |")
+        lines.append("")
+        lines.append(V.family_caption("this table's rows (conditioned against default per setting)",
+                                      len([v for v in verdicts.values() if v["n"] >= 2])))
         lines.append("")
     lines.append("BLiMP: accuracy on the minimal pairs of `--blimp-dir` (a pair is right when the grammatical "
                  "sentence has the higher total log-probability, EOS prefix; chance 50 %); '–' = run recorded "
                  "without it.\n")
-    lines.append("Criterion: a difference *exceeds the seed spread* when |mean paired Δ| > 2 × the pooled seed std "
-                 "of the two arms and all seeds agree in sign. Steps to default's final loss: first crossing of the "
-                 "mean final eval-curve loss of default (eval-curve subset, linear interpolation).")
+    lines.append("Steps to default's final loss: first crossing of the mean final eval-curve loss of default "
+                 "(eval-curve subset, linear interpolation).")
     return "\n".join(lines) + "\n"
 
 
@@ -584,7 +595,9 @@ def base_groups(out: str, recs: list[dict]) -> list:
     return [RunGroup(arm, by_arm[arm]) for arm in arm_order(by_arm)]
 
 
-def report(args, out: str, settings: dict) -> dict:
+def collect(out: str) -> tuple[dict, list]:
+    """The aggregate of the finished records under ``out``/runs (read only): ``(results, base records)``;
+    ``results`` is what ``results.json`` holds and :func:`markdown` reads."""
     recs_by_setting: dict[str, list] = {}
     runs_dir = os.path.join(out, "runs")
     for root, _, files in os.walk(runs_dir):
@@ -596,7 +609,7 @@ def report(args, out: str, settings: dict) -> dict:
     if not recs_by_setting:
         fail(f"no finished runs under {runs_dir}; run without --report-only first")
     base_recs = recs_by_setting.get("base", [])
-    results = {"machine": C.machine_info(), "settings": {}, "argv": sys.argv[1:],
+    results = {"settings": {},
                "data": (base_recs or next(iter(recs_by_setting.values())))[0]["data"]}
     results["eval_files"] = {n: i for rs in recs_by_setting.values() for r in rs
                              for n, i in r.get("eval_file_info", {}).items()}
@@ -622,6 +635,12 @@ def report(args, out: str, settings: dict) -> dict:
     results["total_train_seconds"] = sum(r["train_seconds"] for rs in recs_by_setting.values() for r in rs)
     results["total_kappa_seconds"] = sum(r["kappa_seconds"] for rs in recs_by_setting.values() for r in rs)
     results["n_runs"] = sum(len(v) for v in recs_by_setting.values())
+    return results, base_recs
+
+
+def report(args, out: str, settings: dict) -> dict:
+    results, base_recs = collect(out)
+    results.update(machine=C.machine_info(), argv=sys.argv[1:])  # where the report was made (not in markdown)
     C.write_json(os.path.join(out, "results.json"), results)
     md = markdown(results)
     with open(os.path.join(out, "results.md"), "w") as f:
@@ -646,6 +665,8 @@ def main(argv=None) -> dict:
         fail("--scale-sweep and --depth-sweep are two modes; pass one of them")
     if args.depths is not None and not args.depth_sweep:
         fail("--depths selects runs of the depth sweep; pass it with --depth-sweep")
+    if args.grid_depths is not None and not args.depth_sweep:
+        fail("--grid-depths adds LR grids to the depth sweep; pass it with --depth-sweep")
     C.set_device(args.device)
     if args.scale_sweep:
         import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
@@ -696,7 +717,7 @@ def run_lm(args) -> dict:
         if r not in todo:
             add_missing_eval_files(run_path(out, r), trainer_dir(out, r), eval_sets, eval_info)
     C.add_missing_blimp([(run_path(out, r), trainer_dir(out, r)) for r in runs if r not in todo], data.tokenizer,
-                        blimp)
+                        blimp, data=data)
     skipped_locked = C.execute_runs(runs, todo, data, eval_sets, eval_info,
                                     lambda r: (run_path(out, r), trainer_dir(out, r)), blimp)
     if skipped_locked:

@@ -4,8 +4,8 @@
     python3 benchmarks/gpu_check.py --smoke --out /tmp/gpu_smoke   # every part on CPU with tiny shapes (< 2 min)
 
 It needs torch, transformers and accelerate only (no deepspeed, datasets or evaluate: none is imported on its path)
-and no install: the repository root is put on ``sys.path``, so a checkout runs as it is (README: the exact command
-for the lent GPU machine). Tested against the oldest transformers the project declares.
+and no install: the repository root is put on ``sys.path``, so a checkout runs as it is (the exact command for the
+lent GPU machine: docs/pretraining.md, "Throughput"). Tested against the oldest transformers the project declares.
 
 Parts, in order, each in its own forked process under its own time cap (``--cap PART=SECONDS`` overrides), so a slow
 or hung part is killed and the next one runs. Each row goes to ``OUT/rows.jsonl`` the moment it is measured, and
@@ -28,14 +28,18 @@ c. **attention speed, memory and kernels** (`_gpu_check/speed.py`): forward + ba
    affine_scaled, attention_sink, preconditioned, spectral (``benchmarks/attention_speed.py``): tokens/s and peak
    ``torch.cuda.max_memory_allocated`` as ratios to sdpa; and for each, the SDPA kernel family that ran (profiler)
    and whether it runs on flash / memory-efficient / cuDNN alone and with the math kernel disabled;
-d. **training** (`_gpu_check/training.py`): GPT-2 472M (``configs/gpt2-472m.json``), bf16 mixed precision, plain
-   ``transformers.Trainer`` in one process (ZeRO partitions nothing on one GPU; the DeepSpeed path is covered by the
-   CPU tests), fused AdamW, batch 16 × 1024 random tokens, 10 warm-up + 60 measured steps, for default,
-   conditioned and affine_scaled; then 1.72B (batch 8) if the time it is estimated to need (measured s/step × FLOP
-   ratio) is left. Tokens/s, MFU and peak memory come from `hf_condinit.callbacks.ThroughputCallback`;
-e. **init cost** (`_gpu_check/init_cost.py`): after a throwaway warm-up build, building the 472M and 1.72B configs on
-   the device (fp32) with default vs conditioned init (seconds, ratio, peak allocator memory), and mimetic's per-head
-   D×D factorisation (on CPU by design), timed on a few heads and extrapolated to the model (labelled as such).
+d. **training** (`_gpu_check/training.py`): GPT-2 472M (``configs/gpt2-472m.json``) and 1.72B, bf16 mixed
+   precision, plain ``transformers.Trainer`` in one process (ZeRO partitions nothing on one GPU; the DeepSpeed path
+   is covered by the CPU tests), fused AdamW, random tokens at 1024, 10 warm-up + 30 measured steps per arm, today's
+   configuration and the tuned one side by side (same model, same batch; tuned = + ``torch_compile`` with
+   accelerate's regional compilation): 472M default both ways, 1.72B tuned, each attention variant tuned, the
+   conditioned init tuned, larger micro-batches, then today's 1.72B and affine_scaled, each run only if the time it
+   is estimated to need (measured s/step × FLOP ratio) is left. Tokens/s, MFU and peak memory come from
+   `hf_condinit.callbacks.ThroughputCallback`;
+e. **init cost** (`_gpu_check/init_cost.py`): after throwaway warm-up builds, building the 472M and 1.72B configs
+   on the device (fp32) with the default, conditioned and mimetic init (seconds, ratio to the default build, peak
+   allocator memory; mimetic 1.72B on 4 of its 48 layers beside the same cut default build, extrapolated and
+   labelled), and the CPU draws' share of the cost.
 
 ``--smoke`` runs every part on CPU with tiny stand-in shapes (labelled SMOKE everywhere: never GPU results); it is
 run by ``tests/test_gpu_check.py``. Numbers of a smoke run mean nothing beyond "the code path works". Exit status: 0
@@ -62,7 +66,7 @@ sys.path.insert(0, REPO)
 from _gpu_check import PARTS  # noqa: E402
 from _gpu_check.runner import orchestrate, read_status, write_report, write_settings  # noqa: E402
 
-CAPS = {"a": 30, "b": 75, "c": 100, "d": 190, "e": 85}  # seconds, full mode: 480 s in all (+ ~15 s start-up)
+CAPS = {"a": 20, "b": 75, "c": 70, "d": 245, "e": 70}  # seconds, full mode: 480 s in all (+ ~15 s start-up)
 SMOKE_CAPS = dict.fromkeys(PARTS, 300)  # a safety net only: a smoke part takes seconds on an idle CPU
 
 

@@ -7,7 +7,7 @@ with GQA) and for fp32 and bf16 parameters, after ``from_config(..., condinit="c
   orientation, computed in float64 from the stored weights);
 - ``v_ident``: max over layers of ``max |W_V − block identity|`` (``value_init="block_identity"``, the default).
 
-Part 2, the attention-Jacobian condition number κ(J) (METHODS.md §6, method ``eig``) at init of a 4-layer,
+Part 2, the attention-Jacobian condition number κ(J) (docs/methods.md §6, method ``eig``) at init of a 4-layer,
 256-wide, 4-head GPT-2 (vocab 1024) for the default, mimetic and conditioned init (seed 0), on a fixed probe of
 ``--probe-size`` × ``--probe-length`` random tokens with distinct first tokens: per layer the mean over heads under
 the causal mask the model uses, and without it (``include_unmasked``).
@@ -107,7 +107,7 @@ def part_orthogonality() -> list[dict]:
 def part_kappa(probe_size: int, probe_length: int) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     probe = torch.randint(1, 1024, (probe_size, probe_length), generator=gen)
-    probe[:, 0] = torch.arange(1, probe_size + 1)  # distinct first tokens (METHODS.md §6)
+    probe[:, 0] = torch.arange(1, probe_size + 1)  # distinct first tokens (docs/methods.md §6)
     config = AutoConfig.for_model("gpt2", n_layer=4, n_embd=256, n_head=4, vocab_size=1024, n_positions=256,
                                  bos_token_id=0, eos_token_id=0)
     rows = []

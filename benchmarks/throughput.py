@@ -13,7 +13,7 @@ Three parts (``--parts train kappa init``):
    (2 × 16 tokens, causal only) and interval (500 steps), a 2 × 32 probe, and compare.py's probe (2 × 8 tokens,
    causal + unmasked); the logging interval that keeps the overhead ≤ 5 % is ``ceil(20 · t_κ / t_step)``.
 3. **init** — time and peak memory of initialising the 472M and 1.72B GPT-2 configs (``configs/gpt2-472m.json``,
-   ``configs/gpt2-1.72b.json``; shapes assumed, METHODS.md §7), each in a fresh subprocess:
+   ``configs/gpt2-1.72b.json``; shapes assumed, docs/methods.md §7), each in a fresh subprocess:
    ``from_config(cfg)`` (HF default init) vs ``from_config(cfg, condinit="conditioned")`` (default init followed by
    the conditioned overwrite of q/k/v): wall time and peak RSS of the process. Inside the first one also: the
    model's own default init re-run on the built model (``model._init_weights`` over every module, timed) vs

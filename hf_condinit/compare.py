@@ -1,27 +1,31 @@
-"""Compare finished runs side by side: ``python -m hf_condinit.compare RUN_DIR [RUN_DIR ...]``
+"""Compare finished runs side by side: ``python -m hf_condinit.compare RUN_DIR [RUN_DIR ...] [--out DIR]``
 (console script ``hf-condinit-compare``).
 
 Reads the output folder of each run (any script: ``run_clm.py``, ``run_mlm.py``, ``run_glue.py``, ...; see
-:mod:`hf_condinit.reporting.runs` for the files), prints a Markdown table and writes two overlay figures into
-``--out`` (default: the current folder)::
+:mod:`hf_condinit.reporting.runs` for the files) and prints a Markdown table. It writes nothing unless asked: with
+``--out DIR`` the table goes to ``DIR/compare.md`` and two overlay figures next to it::
 
     python run_clm.py --init default     --output_dir A --do_train --do_eval ...
     python run_clm.py --init conditioned --output_dir B --do_train --do_eval ...
-    python -m hf_condinit.compare A B --out figures
+    python -m hf_condinit.compare A B                 # the table, on stdout only
+    python -m hf_condinit.compare A B --out figures   # and figures/compare.md, compare_eval.png, compare_kappa.png
 
 Table columns (:func:`compare_table`): the arm (folder name), its init recipe (``config.json``'s ``condinit`` and
-attention), the final value of the evaluation metric (``eval_loss`` for LM runs, the task metric otherwise, or
-``--metric``), the first evaluated step at which the run is at least as good as the best *other* run's final value
-("not reached" when it never is), κ(J) at the first and last measurement (``kappa/mean``: mean over layers of the
-mean over heads; "—" without ``--log_condition_number_every``; ``≥`` marks a lower bound: some head's κ hit the
-float64 resolution, so the true value is larger, and a group's mean that includes such a value is one too),
-training tokens/s and, when some run has it, the
-zero-shot BLiMP accuracy (``blimp_accuracy`` of ``eval_results.json``: ``run_clm.py --blimp_dir`` or
-``python -m hf_condinit.zero_shot RUN_DIR --blimp_dir DIR --save``).
+attention), the final value of the evaluation metric (the run's own: ``eval_recall_accuracy`` for the synthetic
+recall task, ``eval_accuracy`` (or the GLUE task's metric) for classification, ``eval_loss`` for LM runs on text;
+or ``--metric``), the first evaluated step at which the run is at least as good as the best *other* run's final
+value ("not reached" when it never is), κ(J) at the first and last measurement (``kappa/mean``: mean over layers
+of the mean over heads; "—" without ``--log_condition_number_every``; ``≥`` marks a lower bound: some head's κ hit
+the float64 resolution, so the true value is larger, and a group's mean that includes such a value is one too),
+training tokens/s with what it was measured on (the machine, torch's thread count and the load average the run
+recorded in ``train_results.json``: a throughput says as much about the machine as about the run) and, when some
+run has it, the zero-shot BLiMP accuracy (``blimp_accuracy`` of ``eval_results.json``: ``run_clm.py --blimp_dir``
+or ``python -m hf_condinit.zero_shot RUN_DIR --blimp_dir DIR --save``).
 
-Figures: ``compare_eval.png`` (the metric vs step, every run) and ``compare_kappa.png`` (κ vs step, log scale; only
-when some run logged κ; a κ that is only a lower bound gets a hollow triangle and its own legend entry). Each arm is
-labelled with its folder and its recipe (``B: conditioned (seed 0)``).
+Figures (with ``--out`` only): ``compare_eval.png`` (the metric vs step, every run) and ``compare_kappa.png`` (κ vs
+step, log scale; only when some run logged κ; a κ that is only a lower bound gets a hollow triangle and its own
+legend entry). Each arm is labelled with its folder and its recipe (``B: conditioned (seed 0)``). A figure whose
+runs have one point each (one final evaluation, one κ measurement) is not drawn: the table says it all.
 
 Public API (reused by ``benchmarks/``): :func:`load_run`, :func:`compare_table`, :func:`format_table`,
 :func:`plot_eval_curves`, :func:`plot_kappa`, :func:`main`; :class:`RunGroup` (the seeds of one arm, summarised by
@@ -38,6 +42,7 @@ from typing import Sequence, Union
 
 from .reporting.plots import Curve, RunGroup, aggregate_curves, common_metric, plot_eval_curves, plot_kappa
 from .reporting.runs import RunSummary, lower_is_better, recipe_summary, summarize_run
+from .scripts.flag_checks import check_writable_folder
 
 __all__ = [
     "RunSummary",
@@ -49,6 +54,8 @@ __all__ = [
     "plot_eval_curves",
     "plot_kappa",
     "steps_to_reach",
+    "throughput_label",
+    "write_figures",
     "main",
 ]
 
@@ -56,6 +63,7 @@ __all__ = [
 KAPPA_LOWER_BOUND_NOTE = ("≥: a lower bound of κ — some head's κ hit the float64 resolution (`n_lower_bound` in "
                           "`condition_number.jsonl`), so the true value is larger.")
 
+TABLE_FILE = "compare.md"
 EVAL_FIGURE = "compare_eval.png"
 KAPPA_FIGURE = "compare_kappa.png"
 
@@ -98,6 +106,21 @@ def _recipe(item: Union[RunSummary, RunGroup]) -> str:
     return recipe_summary({k: v for k, v in first.condinit.items() if k != "seed"}, first.attention)
 
 
+def throughput_label(run: RunSummary) -> str | None:
+    """What a run's tokens/s was measured on, from its ``train_results.json`` (``train_machine``,
+    ``train_torch_threads``, ``train_load_average``: :func:`hf_condinit.scripts.lifecycle.throughput_context`):
+    ``"cpu AMD EPYC, 2 cores; 2 threads; load 4.1"``; ``None`` when the run recorded none of them."""
+    m = run.final_metrics
+    parts = []
+    if m.get("train_machine"):
+        parts.append(str(m["train_machine"]))
+    if m.get("train_torch_threads") is not None:
+        parts.append(f"{m['train_torch_threads']} threads")
+    if m.get("train_load_average") is not None:
+        parts.append(f"load {float(m['train_load_average']):.2g}")
+    return "; ".join(parts) or None
+
+
 def _arm_stats(item: Union[RunSummary, RunGroup], metric: str | None) -> dict:
     """Final value, curve, κ first/last and tokens/s of a run, or the mean over a group's runs (geometric for κ)."""
     runs = item.runs if isinstance(item, RunGroup) else [item]
@@ -121,6 +144,7 @@ def _arm_stats(item: Union[RunSummary, RunGroup], metric: str | None) -> dict:
         "kappa_start_step": runs[0].kappa[0].step if runs and runs[0].kappa else None,
         "kappa_end_step": runs[0].kappa[-1].step if runs and runs[0].kappa else None,
         "tokens_per_second": mean([r.tokens_per_second for r in runs]),
+        "tokens_per_second_on": "; ".join(dict.fromkeys(c for c in map(throughput_label, runs) if c)) or None,
         "blimp_accuracy": mean([_float_or_none(r.final_metrics.get("blimp_accuracy")) for r in runs]),
         "global_step": runs[0].global_step if runs else None,
     }
@@ -132,7 +156,7 @@ def compare_table(runs: Sequence[Union[RunSummary, RunGroup]], metric: str | Non
     curve; ``None`` when not reached or with a single row), ``kappa_start``, ``kappa_end`` (κ at the first / last
     measurement, ``None`` when not logged), ``kappa_start_lower_bound``, ``kappa_end_lower_bound`` (the value is
     only a lower bound: some head of some run hit the float64 resolution), ``kappa_start_step``, ``kappa_end_step``,
-    ``tokens_per_second``,
+    ``tokens_per_second``, ``tokens_per_second_on`` (:func:`throughput_label`; a group's distinct ones joined),
     ``blimp_accuracy`` (``None`` when not evaluated) and ``global_step``. A group's values are the means over its
     runs (geometric for κ).
 
@@ -164,11 +188,12 @@ def format_table(rows: Sequence[dict]) -> str:
     """The rows of :func:`compare_table` as a Markdown table (one header line, one line per row)."""
     metric = next((r["metric"] for r in rows if r.get("metric")), None) or "metric"
     header = ["arm", "init recipe", f"final {metric}", "steps to best other's final", "κ first (@step)",
-              "κ last (@step)", "tokens/s"]
+              "κ last (@step)", "tokens/s", "tokens/s measured on"]
     blimp = any(r.get("blimp_accuracy") is not None for r in rows)
     if blimp:
         header.append("BLiMP acc")
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
+    align = ["---"] * 2 + ["---:"] * 5 + ["---"] + ["---:"] * (len(header) - 8)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     for r in rows:
         if r.get("steps_to_target") is not None:
             steps = f"{r['steps_to_target']} (target {_fmt(r['target'])})"
@@ -177,7 +202,9 @@ def format_table(rows: Sequence[dict]) -> str:
         kappa = [("≥" if r.get(k + "_lower_bound") and r.get(k) is not None else "") + _fmt(r.get(k))
                  + (f" @{r[k + '_step']}" if r.get(k) is not None else "") for k in ("kappa_start", "kappa_end")]
         tps = r.get("tokens_per_second")
-        cells = [r["arm"], r["recipe"], _fmt(r.get("final")), steps, *kappa, "—" if tps is None else f"{tps:,.0f}"]
+        on = r.get("tokens_per_second_on") or ("—" if tps is None else "not recorded")
+        cells = [r["arm"], r["recipe"], _fmt(r.get("final")), steps, *kappa,
+                 "—" if tps is None else f"{tps:,.0f}", on]
         if blimp:
             cells.append(_fmt(r.get("blimp_accuracy")))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -189,12 +216,35 @@ def format_table(rows: Sequence[dict]) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hf-condinit-compare",
-        description="Compare finished runs (their --output_dir folders): a table and overlay figures.",
+        description="Compare finished runs (their --output_dir folders): a table on stdout; with --out, the table "
+                    "and overlay figures written there.",
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folder of a finished run")
-    p.add_argument("--out", default=".", help=f"folder for {EVAL_FIGURE} and {KAPPA_FIGURE} (default: current)")
-    p.add_argument("--metric", help="evaluation metric to compare (default: eval_loss for LM runs, else the task's)")
+    p.add_argument("--out", default=None,
+                   help=f"folder for {TABLE_FILE}, {EVAL_FIGURE} and {KAPPA_FIGURE} (default: none, nothing written)")
+    p.add_argument("--metric", help="evaluation metric to compare (default: each run's own: recall accuracy for the "
+                                    "synthetic task, accuracy for classification, eval_loss for LM runs on text)")
     return p
+
+
+def write_figures(runs: Sequence[RunSummary], out: str, metric: str | None) -> list[str]:
+    """Draw ``compare_eval.png`` / ``compare_kappa.png`` into ``out``; a figure whose runs have fewer than two
+    points each is skipped with the reason. Returns one line per figure (written, or why not)."""
+    lines = []
+    if not metric:
+        lines.append("no evaluation metric common to the runs: no eval figure")
+    elif max(len(r.eval_curve(metric)[0]) for r in runs) < 2:
+        lines.append(f"one {metric} per run: no eval figure, the table says it all (evaluate during training, "
+                     f"e.g. --eval_strategy steps --eval_steps N, for a curve)")
+    else:
+        lines.append(f"wrote {plot_eval_curves(runs, os.path.join(out, EVAL_FIGURE), metric)}")
+    if not any(r.kappa for r in runs):
+        lines.append("no run logged κ (--log_condition_number_every): no κ figure")
+    elif max(len(r.kappa) for r in runs) < 2:
+        lines.append("one κ measurement per run: no κ figure (see the table)")
+    else:
+        lines.append(f"wrote {plot_kappa(runs, os.path.join(out, KAPPA_FIGURE))}")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,23 +259,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.metric and not all(r.eval_curve(args.metric)[0] for r in runs):
             missing = [r.name for r in runs if not r.eval_curve(args.metric)[0]]
             raise ValueError(f"--metric {args.metric}: not evaluated in {', '.join(missing)}")
-        if os.path.exists(args.out) and not os.path.isdir(args.out):
-            raise ValueError(f"--out {args.out}: exists and is not a folder")
+        if args.out is not None:
+            check_writable_folder(args.out, "--out")  # a file there, or no write permission: one line, exit 2
     except ValueError as e:  # NotARunFolderError included
         print(f"hf-condinit-compare: error: {e}", file=sys.stderr)
         return 2
     rows = compare_table(runs, args.metric)
-    print(format_table(rows))
+    table = format_table(rows)
+    print(table)
+    if args.out is None:
+        return 0
     os.makedirs(args.out, exist_ok=True)
-    metric = rows[0]["metric"]
-    if metric:
-        print(f"wrote {plot_eval_curves(runs, os.path.join(args.out, EVAL_FIGURE), metric)}")
-    else:
-        print("no evaluation metric common to the runs: no eval figure")
-    if any(r.kappa for r in runs):
-        print(f"wrote {plot_kappa(runs, os.path.join(args.out, KAPPA_FIGURE))}")
-    else:
-        print("no run logged κ (--log_condition_number_every): no κ figure")
+    with open(os.path.join(args.out, TABLE_FILE), "w", encoding="utf-8") as f:
+        f.write(table)
+    print(f"wrote {os.path.join(args.out, TABLE_FILE)}")
+    for line in write_figures(runs, args.out, rows[0]["metric"]):
+        print(line)
     return 0
 
 

@@ -1,7 +1,7 @@
 """`CondInitConfig`: every option of the init schemes and attention variants, stored on the model config.
 
 The resolved config is written to ``model.config.condinit`` as a plain dict, so it lands in ``config.json`` through
-``save_pretrained`` and tells later which recipe a checkpoint was trained from (METHODS.md: "the choice is written
+``save_pretrained`` and tells later which recipe a checkpoint was trained from (docs/methods.md: "the choice is written
 into the saved config so a run can be told apart later").
 
 Choice: ``seed=None`` means "derive from the global torch seed at build time" (``torch.initial_seed()``); the
@@ -46,7 +46,7 @@ class CondInitConfig:
     Args:
         method (`str`, *optional*, defaults to `"conditioned"`):
             Attention init scheme: ``"default"`` (the architecture's own init), ``"mimetic"`` (Trockman & Kolter
-            2023) or ``"conditioned"`` (semi-orthogonal Q/K, identity V; METHODS.md §1).
+            2023) or ``"conditioned"`` (semi-orthogonal Q/K, identity V; docs/methods.md §1).
         seed (`int`, *optional*):
             Seed of the scheme's own generators (one per layer, ``seed * 1_000_003 + layer``); the global torch RNG
             is never consumed, so every other parameter equals the model's default init for the same global seed.
@@ -60,7 +60,7 @@ class CondInitConfig:
             Mimetic targets W_Q W_Kᵀ ≈ α1·Z1 + β1·I and W_V W_O ≈ α2·Z2 + sign·β2·I (defaults 0.7, 0.7, 0.4, 0.4).
         mimetic_vo_sign (`int`, defaults to -1): sign of the identity term of the VO target.
         mimetic_dist (`str`, defaults to `"uniform"`): distribution of Z (variance 1/D): ``"uniform"`` or ``"normal"``.
-        spectral_lambda (`float`, *optional*): enable spectral conditioning with this λ (METHODS.md §3).
+        spectral_lambda (`float`, *optional*): enable spectral conditioning with this λ (docs/methods.md §3).
         spectral_mode (`str`, defaults to `"identity"`): ``"identity"`` (C = λ·E) or ``"svd"`` (κ(W + C) ≤ 2).
         affine_rho (`float`, defaults to 0.9): EMA factor of α_ma (Affine-Scaled Attention).
         affine_bias_length (`str`, defaults to `"visible"`): β divides by the visible key count or the full length.

@@ -3,7 +3,9 @@
 `install` (run on ``import hf_condinit``) wraps eight methods (six of `PreTrainedModel`, two of
 `PreTrainedConfig`) and registers the attention variants with HF's
 ``AttentionInterface`` / ``AttentionMaskInterface`` (`hf_condinit.attention.register_all`); `uninstall` restores the
-methods and unregisters the variants:
+methods and unregisters the variants (`uninstalled`: for a ``with`` block). Every wrapper takes ``*args, **kwargs``
+and passes them on unchanged, reading only the arguments it needs by name (`_bound`), so an argument a model's
+override or a later transformers adds reaches the original (`hf_condinit.inertness` checks every model type):
 
 - ``_from_config`` (classmethod): works on a deep copy of the config (HF's own ``_from_config`` writes dtype and
   attention implementation into it; the caller's object stays unchanged for later models) and pops ``condinit=``
@@ -43,7 +45,10 @@ methods and unregisters the variants:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+import inspect
 from typing import Any
 
 from transformers import PreTrainedConfig, PreTrainedModel
@@ -54,7 +59,7 @@ from .layouts import get_layout
 from .layouts.detect import base_model_class
 from .registry import ATTENTION_VARIANTS
 
-__all__ = ["install", "uninstall", "is_installed", "FORWARD_OPTIONS"]
+__all__ = ["install", "uninstall", "uninstalled", "is_installed", "FORWARD_OPTIONS"]
 
 _ORIGINALS: dict[str, Any] = {}
 _HOOKED = {
@@ -102,9 +107,37 @@ def uninstall() -> None:
     _variant_hook("unregister_all")()
 
 
+@contextlib.contextmanager
+def uninstalled():
+    """The hooks removed for the ``with`` block (`hf_condinit.inertness` compares against plain transformers), then
+    installed again if they were installed before."""
+    was = is_installed()
+    uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            install()
+
+
 def _original(name: str):
     original = _ORIGINALS[name]
     return original.__func__ if isinstance(original, classmethod) else original
+
+
+@functools.cache
+def _signature(name: str) -> inspect.Signature:
+    return inspect.signature(_original(name))
+
+
+def _bound(name: str, *args, **kwargs) -> inspect.BoundArguments:
+    """The arguments of a call to the original ``name``, defaults applied (the wrappers take ``*args, **kwargs``
+    and pass them on unchanged, so an argument transformers adds later reaches the original; they read only the
+    ones they need, by name). A call the original's signature does not take is passed on as it is, for the
+    original to raise its own error."""
+    bound = _signature(name).bind_partial(*args, **kwargs)
+    bound.apply_defaults()
+    return bound
 
 
 def _needs_variant(config) -> bool:
@@ -112,7 +145,7 @@ def _needs_variant(config) -> bool:
     return config._attn_implementation in ATTENTION_VARIANTS or condinit.get("spectral_lambda") is not None
 
 
-def _from_config(cls, config, **kwargs):
+def _from_config(cls, config, *args, **kwargs):
     config = copy.deepcopy(config)  # HF's _from_config and our hooks write to it; the caller's object stays as is
     if "condinit" in kwargs:
         value = kwargs.pop("condinit")
@@ -133,7 +166,7 @@ def _from_config(cls, config, **kwargs):
         if variant:
             layout.check_variant(config, impl)
     scoped = _variant_on_language_model(config, kwargs)
-    model = _original("_from_config")(cls, config, **scoped)
+    model = _original("_from_config")(cls, config, *args, **scoped)
     if scoped is not kwargs:  # recorded on the saved text config, so from_pretrained rebuilds the language model with it
         model.config.get_text_config().condinit_attention = kwargs["attn_implementation"]
     cfg = api.resolved_condinit(model.config)
@@ -158,11 +191,11 @@ def _variant_on_language_model(config, kwargs: dict) -> dict:
     return {**kwargs, "attn_implementation": {"": None, **{k: None for k in keys}, text_keys[0]: impl}}
 
 
-def _config_from_dict(cls, config_dict, **kwargs):
+def _config_from_dict(cls, config_dict, *args, **kwargs):
     stored = config_dict.get("condinit") if isinstance(config_dict, dict) else None
     if "condinit" in kwargs and stored is not None:
         kwargs["condinit"] = _keep_checkpoint_recipe(stored, kwargs["condinit"])
-    return _original("from_dict")(cls, config_dict, **kwargs)
+    return _original("from_dict")(cls, config_dict, *args, **kwargs)
 
 
 def _config_get_config_dict(cls, *args, **kwargs):
@@ -177,7 +210,7 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
             "(condinit_modeling.py); save without push_to_hub and call model.push_to_hub(repo_id) instead."
         )
     result = _original("save_pretrained")(self, save_directory, *args, **kwargs)
-    if kwargs.get("is_main_process", args[0] if args else True):
+    if _bound("save_pretrained", self, save_directory, *args, **kwargs).arguments.get("is_main_process", True):
         _variant_hook("write_portable")(self, save_directory)
     return result
 
@@ -206,7 +239,7 @@ def _keep_checkpoint_recipe(stored: dict, requested) -> dict:
     return CondInitConfig.from_dict({**resolved.to_dict(), **recorded}).to_dict()
 
 
-def _post_init(self) -> None:
+def _post_init(self, *args, **kwargs) -> None:
     config = self.config
     _check_variant_matches_checkpoint(config)
     cfg = api.resolved_condinit(config)
@@ -221,7 +254,7 @@ def _post_init(self) -> None:
                 layout.check_variant(config, config._attn_implementation)
                 config.condinit_attention = config._attn_implementation
             _variant_hook("inject")(self, layout, config)
-    _original("post_init")(self)
+    _original("post_init")(self, *args, **kwargs)
 
 
 def _check_variant_matches_checkpoint(config) -> None:
@@ -235,9 +268,9 @@ def _check_variant_matches_checkpoint(config) -> None:
         )
 
 
-def _initialize_weights(self, module, is_custom_code: bool = False):
+def _initialize_weights(self, module, *args, **kwargs):
     already = getattr(module, "_is_hf_initialized", False)
-    _original("_initialize_weights")(self, module, is_custom_code)
+    _original("_initialize_weights")(self, module, *args, **kwargs)
     if already:
         return
     if hasattr(module, "reset_condinit_parameters"):
@@ -266,10 +299,10 @@ def _initialize_weights(self, module, is_custom_code: bool = False):
 _PASSES: list[list] = []  # one list per running init pass: the tensors the scheme wrote and flagged
 
 
-def _initialize_weights_pass(self):
+def _initialize_weights_pass(self, *args, **kwargs):
     _PASSES.append([])
     try:
-        return _original("initialize_weights")(self)
+        return _original("initialize_weights")(self, *args, **kwargs)
     finally:
         for tensor in _PASSES.pop():
             tensor._is_hf_initialized = False
@@ -285,15 +318,30 @@ def _block_ordinals(model) -> dict[int, int]:
     return cache
 
 
-def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False, **kwargs):
+def _check_and_adjust_attn_implementation(self, *args, **kwargs):
+    name = "_check_and_adjust_attn_implementation"
     recorded = getattr(self.config, "condinit_attention", None)
+    try:
+        bound = _bound(name, self, *args, **kwargs)
+    except TypeError:  # a call the original does not take: its own error
+        return _original(name)(self, *args, **kwargs)
+    attn_implementation = bound.arguments.get("attn_implementation")
     if attn_implementation is None and recorded:
-        attn_implementation = recorded
-    if is_init_check and isinstance(attn_implementation, str) and attn_implementation in ATTENTION_VARIANTS:
+        bound.arguments["attn_implementation"] = attn_implementation = recorded
+    if bound.arguments.get("is_init_check") and isinstance(attn_implementation, str) \
+            and attn_implementation in ATTENTION_VARIANTS:
         # before the blocks are built: a family that computes attention inline in the installed transformers may
         # look the name up in its own table of attention classes (Falcon, GPT-J in 5.17: KeyError)
         get_layout(self.config).check_variant(self.config, attn_implementation)
-    return _original("_check_and_adjust_attn_implementation")(self, attn_implementation, is_init_check, **kwargs)
+    try:
+        return _original(name)(*bound.args, **bound.kwargs)
+    except ValueError as err:  # an unknown name: transformers' list plus hf_condinit's, and the closest
+        from .scripts.errors import unknown_attention_error
+
+        explained = unknown_attention_error(attn_implementation, err)
+        if explained is err:
+            raise
+        raise explained from None
 
 
 def _variant_hook(name: str):

@@ -1,13 +1,13 @@
 """What the example scripts (``run_clm.py``, ``run_mlm.py``, ``run_glue.py``, ``run_image_classification.py``) and
 any new script share: the public entry point. The code lives in :mod:`hf_condinit.scripts`, one module per concern;
-this module re-exports what a script calls (see README "Writing a new script").
+this module re-exports what a script calls (see docs/development.md, "Writing a new script").
 
 What every script calls (one call each):
 
 - :func:`parse_and_set_up` (or :func:`parse_script_args` for a script with its own set-up): parse the flags or one
   ``.json`` file, apply :data:`SCRIPT_DEFAULTS`, the machine's defaults (no accelerator: no pinned memory;
   ``--deepspeed`` without an accelerator: ``--use_cpu``) and the script's defaults (e.g.
-  :data:`LM_TRAINING_DEFAULTS`, METHODS.md §7) to the flags the user did not give, make a flag imply its strategy
+  :data:`LM_TRAINING_DEFAULTS`, docs/methods.md §7) to the flags the user did not give, make a flag imply its strategy
   (``--save_steps`` → ``--save_strategy steps``), check every numeric flag's range (:data:`FLAG_RANGES`) and the
   DeepSpeed file, train and evaluate when no ``--do_*`` flag is given (:func:`set_run_modes`), give each arm its
   own ``--output_dir`` (:func:`default_output_dir`), set up quiet logging and print one line on the launch

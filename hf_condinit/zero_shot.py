@@ -4,8 +4,9 @@
 
 ``RUN_DIR``: a ``run_clm.py`` output folder (model and tokenizer saved there) or any folder / hub id that
 ``AutoModelForCausalLM`` and ``AutoTokenizer`` load; hf_condinit is imported first, so folders saved with its
-attention variants load with them. Prints a progress bar (stderr), a per-field summary, and as its **last line of
-stdout one JSON object** with the keys of :func:`evaluate_blimp`. ``--save`` also merges these keys into
+attention variants load with them. Prints a progress bar (stderr), a summary (overall and per field, each with its
+Wilson 95 % interval and where it stands against chance), and as its **last line of stdout one JSON object** with the
+keys of :func:`evaluate_blimp`. ``--save`` also merges these keys into
 ``RUN_DIR/eval_results.json`` (and ``all_results.json`` when it exists), where ``hf_condinit.compare`` reads them.
 
 Scoring (:mod:`hf_condinit.evaluation.minimal_pairs`): a pair is right when the good sentence has the higher total
@@ -58,7 +59,9 @@ def evaluate_minimal_pairs(model, tokenizer, pairs, *, name: str = "blimp", batc
             :mod:`hf_condinit.evaluation.minimal_pairs`). show_progress: a tqdm bar over the batches.
 
     Returns ``{"<name>_accuracy": float in [0, 1], "<name>_field_accuracy": {group: acc},
-    "<name>_paradigm_accuracy": {paradigm: acc}, "<name>_n_pairs": int, "<name>_prefix": str}``."""
+    "<name>_paradigm_accuracy": {paradigm: acc}, "<name>_n_pairs": int, "<name>_prefix": str}`` and the binomial
+    intervals of :func:`~hf_condinit.evaluation.minimal_pairs.summarize` (``<name>_ci95``, ``<name>_at_chance``,
+    ``<name>_field_stats``, ``<name>_paradigm_stats``, ...: Wilson 95 %, chance 0.5 for pairs)."""
     if not isinstance(pairs, MinimalPairSet):
         pairs = load_minimal_pairs(pairs, group_key=group_key)
     _, correct = score_items(model, tokenizer, pairs.items, batch_size=batch_size, prefix=prefix, device=device,
@@ -159,6 +162,14 @@ def _check_args(args) -> MinimalPairSet:
     return pairs
 
 
+def _with_interval(accuracy: float, stats: dict) -> str:
+    """``0.5178 (95 % CI 0.5109-0.5247, above chance)`` from a result's ``ci95`` and ``vs_chance`` (bare or
+    ``blimp_``-prefixed keys)."""
+    low, high = stats.get("ci95") or stats["blimp_ci95"]
+    where = stats.get("vs_chance") or stats["blimp_vs_chance"]
+    return f"{accuracy:.4f} (95 % CI {low:.4f}-{high:.4f}, {where} chance)"
+
+
 def main(argv=None) -> dict:
     args = _parser().parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
@@ -191,9 +202,13 @@ def main(argv=None) -> dict:
                              show_progress=not args.no_progress)
     seconds = time.perf_counter() - start
     print(f"BLiMP ({results['blimp_n_pairs']:,} pairs, prefix {args.prefix}, {seconds:.1f} s on {device}, "
-          f"torch threads {torch.get_num_threads()}): accuracy {results['blimp_accuracy']:.4f}")
-    for group, acc in results["blimp_field_accuracy"].items():
-        print(f"  {group}: {acc:.4f}")
+          f"torch threads {torch.get_num_threads()}): accuracy {_with_interval(results['blimp_accuracy'], results)}")
+    for group, stats in results["blimp_field_stats"].items():
+        print(f"  {group}: {_with_interval(stats['accuracy'], stats)}")
+    n_paradigms = len(results["blimp_paradigm_stats"])
+    off = [p for p, stats in results["blimp_paradigm_stats"].items() if not stats["at_chance"]]
+    print(f"  paradigms whose interval excludes chance (not corrected for {n_paradigms} tests): {len(off)} of "
+          f"{n_paradigms}")
     if args.save:
         for path in save_results(args.run_dir, results):
             print(f"wrote {path}")

@@ -1,6 +1,6 @@
 """Affine-Scaled Attention: no leak in training, an fp32 α_ma, and a forward that keeps no state between calls.
 
-METHODS.md §5: a training forward computes its output with α_ma as it stood *before* the batch, then updates it;
+docs/methods.md §5: a training forward computes its output with α_ma as it stood *before* the batch, then updates it;
 α_ma is kept in fp32 whatever the model's dtype. The attention input X reaches the attention function as a
 keyword argument of that call (never through an attribute of the shared holder), so one model may serve several
 threads.
@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401
-from hf_condinit.modules import AffineScaledHolder
+from hf_condinit.attention.holders import AffineScaledHolder
 from utils import mini_config
 
 CFG = dict(n_embd=32, n_head=4, n_layer=2, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)

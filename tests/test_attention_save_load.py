@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
 import hf_condinit
-from hf_condinit.modules import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
+from hf_condinit.attention.holders import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
 from utils import mini_config
 
 

@@ -18,7 +18,7 @@ from transformers.masking_utils import AttentionMaskInterface
 import hf_condinit
 import hf_condinit.attention as attention
 from hf_condinit.attention.reference import randomise_holders, register_references
-from hf_condinit.modules import AffineScaledHolder, AttentionSinkHolder
+from hf_condinit.attention.holders import AffineScaledHolder, AttentionSinkHolder
 from hf_condinit.registry import ATTENTION_VARIANTS
 from utils import mini_config
 

@@ -8,6 +8,7 @@ sample from ``../shared/data`` when present (first 100 kB), otherwise a generate
 import json
 import math
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,14 +131,21 @@ def test_compare_quick(tmp_path, capsys):
         arm = r.split("|")[1].strip()
         assert f"{arms[arm]['ppl_mean']:.2f}" in r
         assert f"{100 * arms[arm]['blimp_mean']:.2f} ±" in r  # BLiMP next to perplexity
+    assert "(n/a (1 seed))" in rows[1]  # one seed: no interval, no verdict (benchmarks/_verdict.py)
 
     # BLiMP: the record's accuracy is the naive per-sentence reference on the saved model; paired Δ in results
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(next((out / "cache").glob("data_*/tokenizer")))
     recs = {a: json.loads((out / "runs" / "base" / a / "seed0.json").read_text()) for a in arms}
+    import torch
+
     for rec in recs.values():
         assert_blimp_matches(rec, tok, blimp)
+        # provenance of every new record (issue 28): device, commit, command, library versions
+        assert rec["device"] == "cpu" and rec["command"].endswith(" ".join(sys.argv)) and "commit_dirty" in rec
+        assert rec["commit"] is None or len(rec["commit"]) == 40
+        assert rec["versions"]["torch"] == torch.__version__ and rec["versions"]["transformers"]
     assert math.isclose(arms["conditioned"]["delta_blimp_mean"],
                         recs["conditioned"]["blimp"]["blimp_accuracy"] - recs["default"]["blimp"]["blimp_accuracy"])
 
@@ -154,7 +162,7 @@ def test_compare_quick(tmp_path, capsys):
     again = compare.main(argv + ["--report-only"])
     assert again["settings"]["base"]["arms"]["conditioned"]["blimp_mean"] is None
     row = next(line for line in (out / "results.md").read_text().splitlines() if line.startswith("| conditioned |"))
-    assert "| – ± – | – ± – | – |" in row
+    assert "| – ± – | – |" in row  # BLiMP mean ± std, then the paired Δ BLiMP cell
 
     # runs trained on another machine come back as records only: the tables are rebuilt from them, the figures
     # leave those runs out (said on stderr)

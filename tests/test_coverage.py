@@ -11,9 +11,11 @@ import torch
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from hf_condinit.coverage import _auto_class, check_conditioned, check_mimetic, main
+from hf_condinit.coverage import README_END, README_START, _auto_class, check_conditioned, check_mimetic, main
 from hf_condinit.layouts import LayoutError
 from hf_condinit.layouts.miniature import shrink_config
+
+from utils import REPO
 
 ISSUE_FAMILIES = ["qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2", "mixtral", "starcoder2", "smollm3",
                   "gpt_oss", "falcon", "bloom", "opt", "gpt_bigcode", "modernbert", "distilbert", "deberta-v2",
@@ -130,23 +132,78 @@ def test_conditioned_check_on_heads_wider_than_the_model():
         check_conditioned(AutoModelForCausalLM.from_config(config))
 
 
-def test_coverage_cli_on_a_fixed_list(tmp_path, capsys):
-    out, readme = tmp_path / "coverage.md", tmp_path / "README.md"
-    readme.write_text("# x\n<!-- coverage:start -->\nold\n<!-- coverage:end -->\nrest\n")
-    assert main(["--types", "qwen3", "bloom", "mamba", "--out", str(out), "--readme", str(readme)]) == 0
-    table = out.read_text()
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_coverage_cli_on_a_fixed_list_writes_only_what_it_is_given(tmp_path, monkeypatch, capsys):
+    """Run in an empty working folder: the table goes to --out, the counts into README's marked block, and nothing
+    else appears (issue 29 item 2)."""
+    monkeypatch.chdir(tmp_path)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{README_START}\nold\n{README_END}\nrest\n")
+    assert main(["--types", "qwen3", "bloom", "mamba", "--out", "docs/coverage.md", "--readme", "README.md"]) == 0
+    assert _tree(tmp_path) == ["README.md", "docs", "docs/coverage.md"]
+    table = (docs / "coverage.md").read_text()
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
     assert rows["qwen3"].count(" ok ") == 6  # both inits and the four variants
     assert "bloom_interleaved (table) | tensor_ops | ok | ok | refused | refused | refused | ok" in rows["bloom"]
     assert "no softmax attention" in rows["mamba"]
     assert "init supported (conditioned and mimetic, weights checked, forward/backward): **2**" in table
     text = readme.read_text()
-    assert "old" not in text and "`qwen3`" in text and text.endswith("rest\n")
-    assert main(["--types", "not_a_model_type", "--out", str(out)]) == 2
+    assert "old" not in text and text.endswith("rest\n") and "[docs/coverage.md](docs/coverage.md)" in text
+    assert "(weights checked, forward/backward): **2**" in text and max(map(len, text.splitlines())) <= 120
+    # a second run may replace the table it wrote itself
+    assert main(["--types", "mamba", "--out", "docs/coverage.md"]) == 0
+    assert "model types: 1;" in (docs / "coverage.md").read_text()
+
+
+def test_coverage_cli_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--types", "mamba"]) == 0
+    out = capsys.readouterr().out
+    assert "mamba" in out and "no softmax attention" in out
+    assert _tree(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--types", "lama"], "unknown model type 'lama' (did you mean 'llama'?)"),
+    (["--types", "qwen3", "--out", "mine.md"], "--out mine.md exists and was not written by hf_condinit.coverage"),
+    (["--types", "qwen3", "--out", "docs"], "--out docs is a folder"),
+    (["--types", "qwen3", "--readme", "mine.md"], "--readme links the counts to the full table: pass --out FILE"),
+    (["--types", "qwen3", "--out", "new.md", "--readme", "mine.md"], f"--readme mine.md has no {README_START}"),
+])
+def test_coverage_cli_refuses_in_one_line_before_any_work(tmp_path, monkeypatch, capsys, argv, says):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.md").write_text("# my notes\n")
+    (tmp_path / "docs").mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m hf_condinit.coverage: error: ") and says in err, err
+    assert (tmp_path / "mine.md").read_text() == "# my notes\n" and _tree(tmp_path) == ["docs", "mine.md"]
+
+
+def test_the_readme_and_the_table_are_the_ones_the_tool_regenerates():
+    """`--out docs/coverage.md --readme README.md` (docs/families.md) must find what it rewrites: the table's
+    generated-by header and README's marked block."""
+    from hf_condinit.coverage import GENERATED_MARK, _readme_parts
+
+    assert GENERATED_MARK in (REPO / "docs" / "coverage.md").read_text().split("\n| ")[0]
+    head, tail = _readme_parts(str(REPO / "README.md"))
+    assert README_START not in head + tail and README_END not in head + tail
+
+
+def test_coverage_cli_force_overwrites_a_foreign_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.md").write_text("# my notes\n")
+    assert main(["--types", "mamba", "--out", "mine.md", "--force"]) == 0
+    assert "Generated by `python -m hf_condinit.coverage`" in (tmp_path / "mine.md").read_text()
 
 
 def test_variant_on_a_multimodal_model_goes_to_its_language_model_and_survives_save_load(tmp_path):
-    from hf_condinit.modules import iter_holders
+    from hf_condinit.attention.holders import iter_holders
     from hf_condinit.layouts.miniature import miniature_inputs
 
     auto, config = small("idefics3")  # its vision tower has no layout: it must keep SDPA, not fail

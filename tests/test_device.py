@@ -16,7 +16,7 @@ import hf_condinit.attention.attention_sink as sink_module
 from hf_condinit import apply_init, registry
 from hf_condinit.attention.reference import register_references
 from hf_condinit.init.functional import mimetic_target, rect_identity_, semi_orthogonal_
-from hf_condinit.modules import CondInitHolder
+from hf_condinit.attention.holders import CondInitHolder
 from utils import mini_config
 
 register_references()
@@ -85,7 +85,7 @@ def test_holders_follow_the_weights_dtype(impl):
     for holder in holders:
         fp32 = {id(b) for name, b in holder.named_buffers(recurse=False) if name.startswith("alpha_ma")}
         for t in holder.condinit_tensors():
-            # METHODS.md §5: affine_scaled's α_ma EMA stays fp32 whatever the model dtype; all else follows it
+            # docs/methods.md §5: affine_scaled's α_ma EMA stays fp32 whatever the model dtype; all else follows it
             assert t.dtype == (torch.float32 if id(t) in fp32 else torch.bfloat16) and t.device.type == "cpu"
 
 

@@ -117,7 +117,7 @@ def test_bad_stage(tmp_path):
     ("gpt2-1.72b", 48, 1728, 27, 1_719_926_784),
 ])
 def test_paper_size_configs(name, layers, width, heads, non_embedding):
-    """The assumed shapes of METHODS.md §7, counted on the meta device (no memory)."""
+    """The assumed shapes of docs/methods.md §7, counted on the meta device (no memory)."""
     cfg = AutoConfig.from_pretrained(os.path.join(REPO, "configs", f"{name}.json"))
     assert "ASSUMED" in cfg._comment
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions) == (layers, width, heads, 1024)

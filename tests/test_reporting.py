@@ -266,8 +266,10 @@ def test_compare_table_against_the_folders(tmp_path):
     assert (ra["tokens_per_second"], rb["tokens_per_second"]) == (1234.5, None)
     table = format_table(rows)
     assert table.splitlines()[0].startswith("| arm | init recipe | final eval_loss |")
-    assert "| A | default (seed 0) | 2.5 | not reached (target 2.2) | 200 @0 | 300 @40 | 1,234 |" in table
-    assert "| B | conditioned qk_gain=2.0 (seed 0), attention affine_scaled | 2.2 | 20 (target 2.5) | 20 @0 | 24 @40 | — |" in table
+    assert ("| A | default (seed 0) | 2.5 | not reached (target 2.2) | 200 @0 | 300 @40 | 1,234 | not recorded |"
+            in table)
+    assert ("| B | conditioned qk_gain=2.0 (seed 0), attention affine_scaled | 2.2 | 20 (target 2.5) | 20 @0 | 24 @40 "
+            "| — | — |") in table
 
 
 def test_compare_higher_is_better_and_seed_groups(tmp_path):
@@ -305,14 +307,70 @@ def test_overlays_accept_groups_and_curves(tmp_path):
         plot_kappa([{"steps": [1]}], str(tmp_path / "bad.png"))
 
 
-def test_compare_cli_writes_table_and_figures(tmp_path, capsys):
-    a = _fake_run(tmp_path, "A", {10: 4.0, 20: 3.0}, 2.9, kappa=[(0, [100.0]), (20, [90.0])])
-    b = _fake_run(tmp_path, "B", {10: 3.5, 20: 2.8}, 2.7, kappa=[(0, [5.0]), (20, [6.0])])
-    assert main([str(a), str(b), "--out", str(tmp_path / "figs")]) == 0
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_compare_cli_writes_table_and_figures_only_under_out(tmp_path, monkeypatch, capsys):
+    """Issue 29 item 2: run from an empty folder, compare writes nothing without --out, and with it only there."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    a = _fake_run(runs, "A", {10: 4.0, 20: 3.0}, 2.9, kappa=[(0, [100.0]), (20, [90.0])])
+    b = _fake_run(runs, "B", {10: 3.5, 20: 2.8}, 2.7, kappa=[(0, [5.0]), (20, [6.0])])
+    before = _tree(runs)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main([str(a), str(b)]) == 0
     printed = capsys.readouterr().out
-    assert "| A | default (seed 0) | 2.9 | not reached (target 2.7) |" in printed
+    assert "| A | default (seed 0) | 2.9 | not reached (target 2.7) |" in printed and "wrote" not in printed
+    assert _tree(cwd) == [] and _tree(runs) == before
+    assert main([str(a), str(b), "--out", "figs"]) == 0
+    printed = capsys.readouterr().out
+    assert _tree(cwd) == ["figs", "figs/compare.md", "figs/compare_eval.png", "figs/compare_kappa.png"]
+    assert _tree(runs) == before
+    assert (cwd / "figs" / "compare.md").read_text() in printed
     for name in ("compare_eval.png", "compare_kappa.png"):
-        assert _png(tmp_path / "figs" / name) and f"wrote {tmp_path / 'figs' / name}" in printed
+        assert _png(cwd / "figs" / name) and f"wrote figs/{name}" in printed
+
+
+def test_compare_one_point_per_run_is_a_table_only(tmp_path, capsys):
+    """Two default runs evaluated once at the end and κ measured once: no two-dot figures, the table only."""
+    a = _fake_run(tmp_path, "A", {}, 2.9, kappa=[(0, [100.0])])
+    b = _fake_run(tmp_path, "B", {}, 2.7, kappa=[(0, [5.0])])
+    assert main([str(a), str(b), "--out", str(tmp_path / "o")]) == 0
+    printed = capsys.readouterr().out
+    assert "one eval_loss per run: no eval figure" in printed and "one κ measurement per run: no κ figure" in printed
+    assert _tree(tmp_path / "o") == ["compare.md"]
+    assert "| A | default (seed 0) | 2.9 |" in printed
+
+
+@pytest.mark.parametrize("results, metric", [
+    ({"eval_loss": 1.2, "perplexity": 3.3, "eval_recall_accuracy": 0.4}, "eval_recall_accuracy"),  # synthetic task
+    ({"eval_loss": 0.6, "eval_accuracy": 0.7}, "eval_accuracy"),  # classification
+    ({"eval_loss": 0.6, "eval_matthews_correlation": 0.3}, "eval_matthews_correlation"),  # GLUE CoLA
+    ({"eval_loss": 3.1, "perplexity": 22.2}, "eval_loss"),  # LM on text
+])
+def test_compare_default_metric_is_the_runs_own(tmp_path, results, metric):
+    runs = []
+    for name in ("A", "B"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "eval_results.json").write_text(json.dumps(results))
+        runs.append(load_run(str(d)))
+    assert [r["metric"] for r in compare_table(runs)] == [metric, metric]
+
+
+def test_compare_labels_tokens_per_second_with_the_machine(tmp_path):
+    a = _fake_run(tmp_path, "A", {10: 3.0}, 2.9, tps=1000.0)
+    extra = {"train_machine": "cpu AMD EPYC, 2 cores", "train_torch_threads": 2, "train_load_average": 4.12}
+    results = json.loads((a / "train_results.json").read_text())
+    (a / "train_results.json").write_text(json.dumps({**results, **extra}))
+    b = _fake_run(tmp_path, "B", {10: 3.0}, 2.8, tps=500.0)
+    table = format_table(compare_table([load_run(str(a)), load_run(str(b))]))
+    assert table.splitlines()[0].endswith("| tokens/s | tokens/s measured on |")
+    assert "| 1,000 | cpu AMD EPYC, 2 cores; 2 threads; load 4.1 |" in table
+    assert "| 500 | not recorded |" in table
 
 
 def test_compare_cli_on_a_real_run(clm_run, tmp_path, capsys):
@@ -324,8 +382,11 @@ def test_compare_cli_on_a_real_run(clm_run, tmp_path, capsys):
     assert run.kappa[0].mean == records[0]["log"]["kappa/mean"] and run.kappa[-1].step == 6
     assert run.eval_curve("eval_loss") == ([2, 4, 6], [e["eval_loss"] for e in json.loads(
         (out / "trainer_state.json").read_text())["log_history"] if "eval_loss" in e][:2] + [evaluate["eval_loss"]])
+    assert {"train_machine", "train_torch_threads"} <= set(train) and train["train_torch_threads"] >= 1
     assert main([str(out), "--out", str(tmp_path)]) == 0
-    assert "| conditioned-run | conditioned (seed 3) |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| conditioned-run | conditioned (seed 3) |" in printed
+    assert f"| {train['train_machine']}; {train['train_torch_threads']} threads" in printed
 
 
 @pytest.mark.parametrize("case", ["missing", "not_a_run", "out_is_file", "bad_metric", "bad_json"])

@@ -372,3 +372,32 @@ def test_continue_pretraining_from_a_saved_model(ts_file, tmp_path):
     assert first.keys() == after.keys() and all(torch.equal(first[k], after[k]) for k in first)
     assert not (tmp_path / "second" / "bpe_tokenizer").exists()  # the model's own tokenizer was used
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "second").config.condinit["method"] == "conditioned"
+
+
+def test_torch_compile_trains_with_run_clms_own_set_up(tmp_path):
+    """issue 27 item 1: ``--torch_compile`` through run_clm.py's own model set-up (the conditioned init, spectral
+    conditioning's forward hooks, the throughput callback) trains compiled, with no graph break. The ``aot_eager``
+    backend runs dynamo and AOTAutograd (what breaks a graph) without inductor's C++ build. Accelerate's regional
+    compilation (what README's GPU commands add) is exercised for every variant by the smoke run of
+    tests/test_gpu_check.py (part d's tuned arms); the attention variants' compile per module in
+    tests/test_compile.py."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    run_clm.main(_common(tmp_path) + [
+        "--init", "conditioned", "--spectral_lambda", "10", "--max_steps", "2", "--synthetic_train_examples", "32",
+        "--synthetic_eval_examples", "8", "--do_train", "--logging_steps", "1", "--save_strategy", "no",
+        "--torch_compile", "--torch_compile_backend", "aot_eager",
+    ])  # fmt: skip
+    try:
+        assert counters["stats"]["unique_graphs"] >= 1  # the model ran compiled
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+        losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+        assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    finally:
+        torch._dynamo.reset()
+        for var in ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_MODE"):  # set by TrainingArguments
+            os.environ.pop(var, None)

@@ -153,3 +153,57 @@ def test_accelerate_cpu_with_two_processes_prints_the_one_process_line(tmp_path)
     assert "run_clm.py: launched by accelerate: world size 1, device cpu" in proc.stdout, (proc.stdout + err)[-3000:]
     assert "run_clm.py: warning: accelerate launch was asked for 2 processes but started this one alone" in err
     assert "run_clm.py: error: --train_file" in err and not (tmp_path / "o").exists()
+
+
+# ---- issue 29 item 5: every folder a script writes, checked before any work ---------------------------------------
+def _fail_fast(script, argv, capsys):
+    """Run ``script`` with ``argv`` (after its minimal flags); return its one error line. The data flags of
+    SCRIPT_ARGS name files that do not exist, so an error about anything else shows it came first."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(load_script(script).main, [*SCRIPT_ARGS.get(script, []), *argv], prog=script)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(f"{script}: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.fixture
+def read_only_folder(tmp_path, monkeypatch):
+    """A folder without write permission; as root (who may write anyway) ``os.access`` reports the mode bits."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: real(p, mode, **kw) and not (
+            mode & os.W_OK and not os.stat(p).st_mode & 0o200))
+    yield folder
+    folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_output_dir_that_cannot_be_written_is_one_line_before_any_work(script, tmp_path, read_only_folder, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    cases = [
+        (["--output_dir", str(a_file)], f"--output_dir {a_file} is a file, not a folder"),
+        (["--output_dir", str(a_file / "run")], f"--output_dir {a_file / 'run'}: {a_file} is a file"),
+        (["--output_dir", str(read_only_folder)], f"--output_dir {read_only_folder} is not writable"),
+        (["--output_dir", str(read_only_folder / "run" / "x")],
+         f"--output_dir {read_only_folder / 'run' / 'x'} cannot be created: {read_only_folder} is not writable"),
+        (["--output_dir", str(tmp_path / "o"), "--cache_dir", str(a_file)], f"--cache_dir {a_file} is a file"),
+    ]
+    for argv, says in cases:
+        assert says in _fail_fast(script, argv, capsys)
+    assert a_file.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "ro"]
+    assert list(read_only_folder.iterdir()) == []
+
+
+def test_output_dir_check_comes_before_the_data_and_the_model(tmp_path, capsys, monkeypatch):
+    """run_clm.py's embedded run: nothing is tokenised or built when --output_dir is a file."""
+    module = load_script("run_clm.py")
+    called = []
+    monkeypatch.setattr(module, "prepare_data", lambda *a, **k: called.append("data"))
+    monkeypatch.setattr(module, "build_model", lambda *a, **k: called.append("model"))
+    (tmp_path / "f").write_text("")
+    assert "is a file, not a folder" in _fail_fast("run_clm.py", ["--output_dir", str(tmp_path / "f")], capsys)
+    assert called == []

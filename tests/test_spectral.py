@@ -1,4 +1,4 @@
-"""Spectral conditioning (METHODS.md §3): C = λ·E as a buffer, W_eff = W + C in the forward pass only.
+"""Spectral conditioning (docs/methods.md §3): C = λ·E as a buffer, W_eff = W + C in the forward pass only.
 
 The expected C of each layout is written out here by hand in *storage* orientation (independent of the layout's
 ``Projection.heads`` code): GPT-2 ``Conv1D`` (in, out) with ``[Q | K | V]``, BERT/Llama ``nn.Linear`` (out, in) with
@@ -16,7 +16,7 @@ from transformers import AutoModel, AutoModelForCausalLM
 import hf_condinit
 from hf_condinit.attention import merge_spectral, remove_spectral
 from hf_condinit.layouts import get_layout
-from hf_condinit.modules import SpectralHolder
+from hf_condinit.attention.holders import SpectralHolder
 from utils import mini_config
 
 LAM = 2.5
@@ -165,7 +165,7 @@ def test_apply_twice_replaces_lambda_without_duplicate_hooks():
 
 
 def test_spectral_E_is_the_conditioned_value_identity_when_heads_overflow_the_width():
-    """H·d > D: conditioned W_V wraps modulo D, and spectral E is the very same block identity (METHODS.md §1)."""
+    """H·d > D: conditioned W_V wraps modulo D, and spectral E is the very same block identity (docs/methods.md §1)."""
     config = mini_config("llama", num_key_value_heads=4, head_dim=16)  # 4 heads × 16 = 64 > D = 32
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
@@ -182,3 +182,38 @@ def test_spectral_E_is_the_conditioned_value_identity_when_heads_overflow_the_wi
                 expected[(h * d + i) % D, i] = 2.0
             assert torch.equal(block, expected), (role, h)
     torch.testing.assert_close(attn.condinit_spectral_v.C / 2.0, attn.v_proj.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("mode", ["identity", "svd"])
+def test_bf16_projections_match_fp32_and_a_planted_error_fails(family, mode):
+    """docs/methods.md §3, bf16: each spectral projection of the bf16 model computes x·W + b + x·C in fp32 from its own
+    bf16 input and rounds once; against the fp32 model on the same input it is within PROJECTION_TOL (2⁻⁷). C off by
+    2 % in the bf16 model fails."""
+    from hf_condinit.attention.spectral import PROJECTION_TOL, low_precision_error
+
+    model = _build(family, spectral_lambda=10.0, spectral_mode=mode).eval()
+    ids = _ids(model)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    errors = low_precision_error(model, copy.deepcopy(model).to(torch.bfloat16), inputs)
+    assert len(errors["projections"]) == len(hf_condinit.attention.spectral.spectral_holders(model)) > 0
+    assert max(errors["projections"].values()) <= PROJECTION_TOL, errors
+    planted = copy.deepcopy(model).to(torch.bfloat16)
+    with torch.no_grad():
+        for _, holder in hf_condinit.attention.spectral.spectral_holders(planted):
+            holder.C.mul_(1.02)
+    assert max(low_precision_error(model, planted, inputs)["projections"].values()) > PROJECTION_TOL
+
+
+def test_spectral_term_is_fp32_under_autocast():
+    """Under bf16 autocast the projection itself runs in bf16, but x·C is added in fp32 (autocast off in the hook)."""
+    model = _build("gpt2", spectral_lambda=10.0).eval()
+    attn = model.transformer.h[0].attn
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attn.c_attn(x)
+    plain = torch.addmm(attn.c_attn.bias.bfloat16().float(), x.bfloat16().float().view(-1, D),
+                        attn.c_attn.weight.bfloat16().float()).view(2, 5, -1)
+    expected = (plain.bfloat16().float() + x @ attn.condinit_spectral_qkv.C).bfloat16()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

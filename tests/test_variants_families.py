@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401  (installs the hooks and registers the variants)
 from hf_condinit.layouts.miniature import shrink_config
-from hf_condinit.modules import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
+from hf_condinit.attention.holders import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
 
 FAMILIES = ["qwen3", "mixtral", "phi3", "olmo2", "starcoder2", "gemma3_text", "smollm3"]
 VARIANTS = ["affine_scaled", "attention_sink", "preconditioned", "spectral"]

@@ -21,7 +21,9 @@ from hf_condinit.evaluation.minimal_pairs import (
     score_items,
     sentence_log_probs,
     summarize,
+    summarize_recorded,
 )
+from hf_condinit.evaluation.binomial import accuracy_stats, wilson_interval
 from hf_condinit.zero_shot import evaluate_blimp, main, save_results
 
 from utils import SHARED_DATA, mini_config, require
@@ -114,6 +116,34 @@ def test_accuracy_bookkeeping():
     assert out["blimp_field_accuracy"] == {"morphology": 1.0, "syntax": 0.5, "syntax_semantics": 0.5}  # ungrouped out
     assert out["blimp_paradigm_accuracy"] == pytest.approx({"p1": 0.5, "p2": 1.0, "p3": 2 / 3})
     assert out["blimp_n_pairs"] == 6 and out["blimp_prefix"] == "eos"
+    # intervals: Wilson 95 % of the counts; chance = mean of 1 / (number of choices)
+    assert out["blimp_n_correct"] == 4 and out["blimp_chance"] == pytest.approx((5 / 2 + 1 / 3) / 6)
+    assert out["blimp_ci95"] == list(wilson_interval(4, 6)) and out["blimp_interval"] == "wilson 95%"
+    assert out["blimp_field_stats"]["syntax"] == accuracy_stats(1, 2, 0.5)
+    assert out["blimp_paradigm_stats"]["p3"] == accuracy_stats(2, 3, (1 / 2 + 1 / 3 + 1 / 2) / 3)
+    assert out["blimp_at_chance"] and out["blimp_vs_chance"] == "at"
+
+
+def test_blimp_intervals_per_field_and_paradigm_from_a_recorded_run():
+    """The whole shared BLiMP with a planted pattern of right pairs: the field counts are sums of the paradigm
+    counts; a record that keeps only accuracies (as the committed harness records) gives the same intervals."""
+    pairs = load_minimal_pairs(str(require(BLIMP)))
+    correct = [(i * 7919) % 100 < 52 + (it.group == "morphology") * 20 for i, it in enumerate(pairs.items)]
+    out = summarize(pairs.items, correct, "blimp", "eos")
+    fields = out["blimp_field_stats"]
+    assert {g: s["n"] for g, s in fields.items()} == {"morphology": 5400, "semantics": 2700, "syntax": 7800,
+                                                       "syntax_semantics": 4200}
+    assert fields["morphology"]["vs_chance"] == "above" and out["blimp_vs_chance"] == "above"
+    assert sum(s["correct"] for s in fields.values()) == out["blimp_n_correct"] == sum(correct)
+    assert all(s["n"] == 300 and s["chance"] == 0.5 for s in out["blimp_paradigm_stats"].values())
+    recorded = {k: out[k] for k in ("blimp_accuracy", "blimp_field_accuracy", "blimp_paradigm_accuracy",
+                                    "blimp_n_pairs", "blimp_prefix")}
+    again = summarize_recorded(recorded, pairs)
+    assert again["blimp_field_stats"] == fields and again["blimp_paradigm_stats"] == out["blimp_paradigm_stats"]
+    assert again["blimp_ci95"] == out["blimp_ci95"]
+    recorded["blimp_paradigm_accuracy"] = dict(recorded["blimp_paradigm_accuracy"], wh_island=0.1234)
+    with pytest.raises(ValueError, match="wh_island: accuracy 0.1234 is no count out of 300"):
+        summarize_recorded(recorded, pairs)
 
 
 def test_score_items_decides_by_total_log_probability(tokenizer, blimp_subset):

@@ -154,22 +154,30 @@ def _render_d(rows):
     if st:
         L.append(f"{st['runner']}, {st['precision']}, {st['optimizer']}, gradient checkpointing "
                  f"{st['gradient_checkpointing']}, sequence {st['seq']}, {st['warmup_steps']} warm-up + "
-                 f"{st['measured_steps']} measured steps; {st['timing']}. MFU = (6·N + 12·L·D·T) FLOPs per token "
-                 "(hf_condinit.perf) over the table's peak.\n")
+                 f"{st['measured_steps']} measured steps; {st['timing']}. Tuned = today's {st.get('tuned', '')}. "
+                 "MFU = (6·N + 12·L·D·T) FLOPs per token (hf_condinit.perf) over the table's peak; × default = "
+                 "tokens/s over the 472M default arm of the same configuration.\n")
     train = [r for r in rows if r.get("kind") == "train"]
+    refs = {r.get("tuned"): r["tokens_per_s"] for r in train
+            if r.get("size") == "472m" and r.get("attention") == "sdpa" and r.get("init") == "default"
+            and r.get("tokens_per_s") and "error" not in r}
     if train:
-        L.append("| arm | shape | batch | tokens/s | s/step | TFLOP/s | MFU | peak GiB | build s | "
-                 "loss first → last |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| arm | config | shape | batch | tokens/s | × default | s/step | TFLOP/s | MFU | peak GiB | "
+                 "build s | graphs / breaks | loss first → last |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in train:
+            config = "tuned" if r.get("tuned") else "today's"
             if "skipped" in r or "error" in r:
                 what = f"skipped: {r['skipped']}" if "skipped" in r else f"**failed**: `{r['error'][:200]}`"
-                L.append(f"| {r['arm']} | {what} |  |  |  |  |  |  |  |  |")
+                L.append(f"| {r['arm']} | {config} | {what} |  |  |  |  |  |  |  |  |  |  |")
                 continue
             mfu = f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "– (peak unknown)"
-            L.append(f"| {r['arm']} | {r['shape']} | {r['batch']} | {_fmt(r['tokens_per_s'], '.0f')} | "
+            ref = refs.get(r.get("tuned")) if r.get("size") == "472m" else None
+            graphs = f"{r['graphs']} / {r['graph_breaks']}" if r.get("graphs") is not None else "–"
+            L.append(f"| {r['arm']} | {config} | {r['shape']} | {r['batch']} | {_fmt(r['tokens_per_s'], '.0f')} | "
+                     f"{_fmt(r['tokens_per_s'] / ref if ref else None, '.2f')} | "
                      f"{_fmt(r['seconds_per_step'], '.3f')} | {_fmt(r['tflops'], '.1f')} | {mfu} | "
-                     f"{_fmt(r['peak_memory_gib'], '.1f', '– (CPU)')} | {r['build_s']:.1f} | "
+                     f"{_fmt(r['peak_memory_gib'], '.1f', '– (CPU)')} | {r['build_s']:.1f} | {graphs} | "
                      f"{_fmt(r['first_loss'], '.3f')} → {_fmt(r['last_loss'], '.3f')} |")
         for r in train:
             if r.get("estimate") and "skipped" not in r:
@@ -182,23 +190,28 @@ def _render_e(rows):
     L = []
     warm = [r for r in rows if r.get("kind") == "warmup" and "error" not in r]
     if warm:
-        L.append("Throwaway warm-up builds (472M, not timed below): "
+        L.append("Throwaway warm-up builds (472M; mimetic: one 472M-shaped layer; not timed below): "
                  + ", ".join(f"{r['method']} {r['seconds']:.2f} s" for r in warm) + ".\n")
     builds = [r for r in rows if r.get("kind") == "build" and "error" not in r]
     if builds:
-        L.append("| config | shape | init | params | build s | × default | peak allocated GiB |\n"
-                 "|---|---|---|---|---|---|---|")
+        L.append("| config | shape | init | params | build s | × default | peak allocated GiB | block 0 check | "
+                 "note |\n|---|---|---|---|---|---|---|---|---|")
         for r in builds:
+            note, check = r.get("note", ""), r.get("check")
+            if check and "qk_excess" in check:
+                verdict = f"Eckart–Young excess QK {check['qk_excess']:.1e}, VO {check['vo_excess']:.1e}"
+            elif check:
+                verdict = f"vs CPU {check['max_abs_vs_cpu']:.1e}, ‖WᵀW − I‖ {check['semi_orthogonality']:.1e}"
+            verdict = (verdict + (" ok" if check["passed"] else " **FAILED**")) if check else "–"
+            if r.get("extrapolated_s") is not None:
+                note += f"; {r['extrapolated_s']:.1f} s extrapolated to {r['layers_full']} layers"
             L.append(f"| {r['size']} | {r['shape']} | {r['method']} | {r['n_params'] / 1e6:.1f} M | "
                      f"{r['seconds']:.2f} | {_fmt(r['vs_default'], '.2f')} | "
-                     f"{_fmt(r['peak_allocated_gib'], '.2f', '– (CPU)')} |")
-    for r in (r for r in rows if r.get("kind") == "mimetic" and "error" not in r):
-        L.append(f"\nmimetic {r['size']}: {r['seconds_per_factorisation']:.3f} s per {r['hidden']}×{r['hidden']} "
-                 f"factorisation (median of {r['factorisations_timed']}), {r['note']} → "
-                 f"**{r['extrapolated_total_s']:.0f} s extrapolated**"
-                 + (f", {r['extrapolated_vs_default']:.1f}× the default build." if r.get("extrapolated_vs_default")
-                    else "."))
-    return L + _error_rows(rows, ("warmup", "build", "mimetic"))
+                     f"{_fmt(r['peak_allocated_gib'], '.2f', '– (CPU)')} | {verdict} | {note} |")
+    for r in (r for r in rows if r.get("kind") == "draw" and "error" not in r):
+        L.append(f"\nCPU draws alone, {r['size']} ({r['note']}): conditioned {r['conditioned_s']:.2f} s, "
+                 f"mimetic {r['mimetic_s']:.2f} s.")
+    return L + _error_rows(rows, ("warmup", "build", "draw"))
 
 
 RENDER = {"a": _render_a, "b": _render_b, "c": _render_c, "d": _render_d, "e": _render_e}

@@ -1,11 +1,19 @@
 """Part d: training throughput through ``transformers.Trainer`` and the library's ``ThroughputCallback``.
 
-GPT-2 472M, bf16 mixed precision, one process, fused AdamW, no gradient checkpointing, batch 16 × 1024 random
-tokens, 10 warm-up + 60 measured steps, for default, conditioned and affine_scaled; then 1.72B (batch 8) when the
-part's time allows: the time it needs is estimated from the measured 472M default arm — its seconds per step × the
-FLOP ratio of a 1.72B step to a 472M step (`hf_condinit.perf.training_flops`, the 1.72B counted on the meta
-device), plus its other time (build, Trainer set-up) × the parameter ratio. Each arm is its own row: an error
-(e.g. out of memory) is that arm's row and the next arm runs.
+GPT-2 472M, bf16 mixed precision, one process (no ZeRO: it partitions nothing on one GPU), fused AdamW, no gradient
+checkpointing, random tokens at sequence 1024, 10 warm-up + 30 measured steps per arm. Two configurations, side by
+side on the same model and batch: **today's** (plain eager Trainer, batch 16 at 472M / 8 at 1.72B) and **tuned**
+(the same plus Trainer's ``torch_compile`` with accelerate's regional compilation,
+``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1``: each repeated GPT-2 block compiled once, so the compile takes
+seconds, not minutes). Arms in priority order (`TRAIN_ARMS`): 472M default today / tuned, 1.72B tuned, each
+attention variant tuned (affine_scaled, attention_sink, preconditioned, spectral λ = 10), conditioned init tuned,
+the micro-batch lever (472M tuned at batch 32, 1.72B tuned at 16), then 1.72B and 472M affine_scaled today. Every
+arm after its configuration's 472M default runs only if the time it is estimated to need is left in the part's cap:
+the measured 472M default arm of the same configuration, its seconds per step × the FLOP ratio of the arm's step
+(`hf_condinit.perf.training_flops`, the model counted on the meta device), plus its other time (build, Trainer
+set-up, compilation) × the parameter ratio. Each arm is its own row (with the graphs dynamo captured and its graph
+breaks for a tuned arm): an error (e.g. out of memory) is that arm's row and the next arm runs. Smoke mode compiles
+with the ``aot_eager`` backend (dynamo and AOTAutograd without inductor's C++ build).
 """
 
 from __future__ import annotations
@@ -16,49 +24,77 @@ import time
 
 from .common import free_memory, gpt2_json, row_on_error, shape_of, sync, torch_setup, warm_up
 
-TRAIN_ARMS = (  # (label, size, attention, init)
-    ("472M default", "472m", "sdpa", "default"),
-    ("472M conditioned", "472m", "sdpa", "conditioned"),
-    ("472M affine_scaled", "472m", "affine_scaled", "default"),
-    ("1.72B default", "1.72b", "sdpa", "default"),
+TRAIN_ARMS = (  # (label, size, attention, init, tuned, batch or None for the size's default)
+    ("472M default", "472m", "sdpa", "default", False, None),
+    ("472M default tuned", "472m", "sdpa", "default", True, None),
+    ("1.72B default tuned", "1.72b", "sdpa", "default", True, None),
+    ("472M affine_scaled tuned", "472m", "affine_scaled", "default", True, None),
+    ("472M attention_sink tuned", "472m", "attention_sink", "default", True, None),
+    ("472M preconditioned tuned", "472m", "preconditioned", "default", True, None),
+    ("472M spectral tuned", "472m", "spectral", "default", True, None),
+    ("472M conditioned tuned", "472m", "sdpa", "conditioned", True, None),
+    ("472M default tuned, batch 32", "472m", "sdpa", "default", True, 32),
+    ("1.72B default tuned, batch 16", "1.72b", "sdpa", "default", True, 16),
+    ("1.72B default", "1.72b", "sdpa", "default", False, None),
+    ("472M affine_scaled", "472m", "affine_scaled", "default", False, None),
 )
+DEFAULT_BATCH = {"472m": 16, "1.72b": 8}
+#: The accelerate switch Trainer's ``torch_compile`` reads for regional compilation (TorchDynamoPlugin).
+REGIONAL = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"
 
 
 def part_d(ctx: dict, record) -> None:
     torch = torch_setup(ctx)
     smoke, device = ctx["smoke"], torch.device(ctx["device"])
-    warmup, measured = (2, 2) if smoke else (10, 60)
+    warmup, measured = (2, 2) if smoke else (10, 30)
     seq = 16 if smoke else 1024
     deadline = ctx["started"] + ctx["cap"]
     record(kind="settings", warmup_steps=warmup, measured_steps=measured, seq=seq, precision="bf16 autocast, fp32 "
            "master weights", optimizer="adamw_torch_fused" if device.type == "cuda" else "adamw_torch",
-           gradient_checkpointing=False, runner="transformers.Trainer, one process",
+           gradient_checkpointing=False, runner="transformers.Trainer, one process (no ZeRO)",
+           tuned=f"+ Trainer torch_compile ({'aot_eager' if smoke else 'inductor'}), {REGIONAL}=1",
            timing="hf_condinit.callbacks.ThroughputCallback (step time device-synchronised; warm-up window dropped)")
     warm_up(torch, device)
-    measured_arms = {}
-    for label, size, impl, init in TRAIN_ARMS:
-        batch = (2 if smoke else 16) if size == "472m" else (2 if smoke else 8)
+    references = {}  # tuned -> the measured 472M default arm of that configuration
+    for label, size, impl, init, tuned, batch in TRAIN_ARMS:
+        batch = 2 if smoke else (batch or DEFAULT_BATCH[size])
         estimate = None
-        if size != "472m" and "472m" in measured_arms:
+        reference = references.get(tuned)
+        if reference is not None:
             with row_on_error(record, device, kind="train_estimate", arm=label):
-                estimate = estimate_seconds(torch, measured_arms["472m"], size, batch, seq, smoke,
-                                            warmup + measured)
+                estimate = estimate_seconds(torch, reference, size, batch, seq, smoke, warmup + measured)
             left = deadline - time.time()
             if estimate is not None and left < estimate["seconds"]:
-                record(kind="train", arm=label, estimate=estimate,
+                record(kind="train", arm=label, tuned=tuned, estimate=estimate,
                        skipped=f"not enough time left in the part's cap ({left:.0f}s left, ~{estimate['seconds']:.0f}s "
                                f"estimated: {estimate['how']})")
                 continue
-        with row_on_error(record, device, kind="train", arm=label):
+        with row_on_error(record, device, kind="train", arm=label, tuned=tuned):
             row = train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, device, smoke,
-                            ctx.get("peak_flops"))
+                            ctx.get("peak_flops"), tuned=tuned)
             record(**row, estimate=estimate)
-            if init == "default" and impl == "sdpa":
-                measured_arms.setdefault(size, row)
+            if (size, impl, init, batch) == ("472m", "sdpa", "default", 2 if smoke else DEFAULT_BATCH["472m"]):
+                references.setdefault(tuned, row)
         free_memory(device)
 
 
-def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, device, smoke, peak) -> dict:
+def _compile_env(tuned: bool, smoke: bool) -> dict:
+    """TrainingArguments' compile fields for an arm; sets or clears the regional switch (and the dynamo variables
+    an earlier tuned arm's TrainingArguments left in the environment, which accelerate would otherwise read)."""
+    import os
+
+    for var in ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_MODE", REGIONAL):
+        os.environ.pop(var, None)
+    if not tuned:
+        return {}
+    os.environ[REGIONAL] = "1"
+    return {"torch_compile": True, "torch_compile_backend": "aot_eager" if smoke else "inductor"}
+
+
+def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, device, smoke, peak,
+              tuned: bool = False) -> dict:
+    """One arm: build (``impl="spectral"``: SDPA with spectral conditioning λ = 10), train, read the throughput."""
+    from torch._dynamo.utils import counters
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments, default_data_collator
 
     from hf_condinit.callbacks import add_throughput_callback
@@ -68,9 +104,9 @@ def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, devi
     raw = gpt2_json(size, smoke)
     raw["n_positions"] = max(raw["n_positions"], seq)
     config = AutoConfig.for_model(**raw)
-    kwargs = {"attn_implementation": impl}
-    if init != "default":
-        kwargs["condinit"] = {"method": init, "seed": 0}
+    kwargs = {"attn_implementation": "sdpa" if impl == "spectral" else impl}
+    if init != "default" or impl == "spectral":
+        kwargs["condinit"] = {"method": init, "seed": 0, **({"spectral_lambda": 10.0} if impl == "spectral" else {})}
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device(device):
@@ -81,12 +117,15 @@ def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, devi
     steps = warmup + measured
     ids = torch.randint(0, config.vocab_size, (batch * steps, seq), generator=gen)
     data = [{"input_ids": row, "labels": row} for row in ids]
+    compile_args = _compile_env(tuned, smoke)
+    torch._dynamo.reset()  # a fresh cache per arm: the blocks' shared forward code must not hit the recompile limit
+    counters.clear()
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
             output_dir=tmp, per_device_train_batch_size=batch, max_steps=steps, logging_steps=warmup,
             learning_rate=1e-4, warmup_steps=0, weight_decay=0.1, bf16=True, use_cpu=device.type == "cpu",
             optim="adamw_torch_fused" if device.type == "cuda" else "adamw_torch", report_to=[],
-            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
+            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0, **compile_args,
         )
         trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator)
         add_throughput_callback(trainer)
@@ -110,7 +149,10 @@ def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, devi
                tflops=flops / seconds / 1e12 if seconds else None,
                mfu=(flops / seconds / peak) if seconds and peak else None,
                peak_memory_gib=max(mem) if mem else None, first_loss=losses[0] if losses else None,
-               last_loss=losses[-1] if losses else None, arm_wall_s=time.time() - t_arm)
+               last_loss=losses[-1] if losses else None, arm_wall_s=time.time() - t_arm, tuned=tuned,
+               graphs=counters["stats"].get("unique_graphs", 0) if tuned else None,
+               graph_breaks=sum(counters["graph_break"].values()) if tuned else None)
+    _compile_env(False, smoke)
     del trainer, model, data
     gc.collect()
     return row

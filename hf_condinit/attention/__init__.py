@@ -1,10 +1,11 @@
-"""Attention variants as Hugging Face attention implementations (METHODS.md §3–§5, DESIGN.md §7.3.3–§7.3.4).
+"""Attention variants as Hugging Face attention implementations (docs/methods.md §3–§5, docs/attention_variants.md).
 
 Variants registered in ``transformers.AttentionInterface`` (with ``sdpa_mask`` in ``AttentionMaskInterface``, so HF
 builds padding/causal masks for them) and in `hf_condinit.registry.ATTENTION_VARIANTS`:
 
 - ``"affine_scaled"``: Affine-Scaled Attention, fast path ``α·SDPA + (α_ma − α)·mean_visible(V)``;
-- ``"attention_sink"``: a learnable per-head logit in the softmax denominator, SDPA fast path (virtual key);
+- ``"attention_sink"``: a learnable per-head logit in the softmax denominator, fast path σ(lse − s)·O from one
+  fused kernel call that returns lse (custom autograd function; virtual-key SDPA fallback);
 - ``"preconditioned"``: per-token L2 normalisation of each head's output after SDPA (the project's reading).
 
 Spectral conditioning is not an attention function but fixed buffers + forward hooks on the q/k/v projections,
@@ -30,7 +31,7 @@ from typing import Any
 
 from torch import nn
 
-from ..modules import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
+from .holders import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
 from .portable import PORTABLE_FILE, plugin_config_dict, portable_kind, write_portable
@@ -162,7 +163,7 @@ def inject(model: nn.Module, layout=None, config=None) -> list[str]:
     Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice.
 
     Values are *not* initialised here beyond zeros: the init pass (``reset_condinit_parameters``) or the loaded
-    checkpoint writes them; call `hf_condinit.modules.CondInitHolder.reset_condinit_parameters` yourself when
+    checkpoint writes them; call `hf_condinit.attention.holders.CondInitHolder.reset_condinit_parameters` yourself when
     injecting into an already-built model outside the hooks.
 
     Returns:

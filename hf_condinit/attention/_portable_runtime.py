@@ -1,7 +1,7 @@
 """What a portable checkpoint runs without hf_condinit: holders rebuilt from config.json, variants registered.
 
 This file is one part of the self-contained ``condinit_modeling.py`` that `hf_condinit.attention.portable` writes
-next to the weights (bundled verbatim with ``modules.py``, ``attention/_common.py``, ``reference.py`` and the
+next to the weights (bundled verbatim with ``holders.py``, ``attention/_common.py``, ``reference.py`` and the
 variants' files, relative imports removed; see `hf_condinit.attention.portable.bundle_source`). Inside hf_condinit it
 is importable and tested like any module, but the package itself never calls it.
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..modules import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
+from .holders import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
 from .preconditioned import preconditioned_attention_forward

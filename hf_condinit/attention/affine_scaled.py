@@ -1,4 +1,4 @@
-"""Affine-Scaled Attention (Bae et al., arXiv 2602.23057; METHODS.md §5), fast path.
+"""Affine-Scaled Attention (Bae et al., arXiv 2602.23057; docs/methods.md §5), fast path.
 
     out = [α(X)·softmax(QKᵀ/√d) + β(X)]·V,   β = (α_ma − α)/N on the N keys the query may see
         = α·SDPA(Q, K, V) + (α_ma − α)·mean_visible(V)
@@ -8,30 +8,36 @@ padding left or right, KV cache, packed sequences; one (Q×K)·(K×d) product wi
 SDPA kernel is kept; the N×N weights are materialised only when attention weights are requested.
 
 X is the attention module's input (the normalised hidden state feeding q/k/v). It arrives as a keyword argument of
-this call (`hf_condinit.modules.AFFINE_INPUT_KWARG`, added by the forward pre-hook that
+this call (`hf_condinit.attention.holders.AFFINE_INPUT_KWARG`, added by the forward pre-hook that
 `hf_condinit.attention.inject` registers), so nothing is stored between calls: one model can serve several threads,
 and under gradient checkpointing the re-forward re-runs the hook, so the recomputed α is identical.
 
 The output uses α_ma as it stood *before* this batch; a training forward then updates α_ma from the batch's real
 tokens (a query is real when it may attend to its own key position: padding rows are excluded), detached, never in
 the backward re-forward of gradient checkpointing, and never in eval (`AffineScaledHolder.alpha_ma_for_forward`).
-Updating first would let every token of the batch change every output through the batch mean (METHODS.md §5).
+Updating first would let every token of the batch change every output through the batch mean (docs/methods.md §5).
 Dropout (training) applies to the softmax part only.
 
 The gradient of α in bf16 (`difference_for_alpha_grad`): ∂out/∂α = SDPA(V) − mean_visible(V), a small difference of
 two near-equal terms where the attention is near-uniform (at init). Taken from bf16 SDPA, whose kernels round the
 softmax weights to bf16 (2⁻⁹), it loses most of its digits: W_a's gradient was 6–66× less accurate than the naive
-reference's in bf16. So a bf16 training forward that needs W_a's gradient (and has no attention dropout) computes
-that difference a second time, without gradient, in fp16 (2⁻¹¹ weights, the same fused kernels, no N×N matrix;
-one fp16 forward of the kernel: +32–46 % of a causal bf16 SDPA forward + backward on an H200, 20 heads of 64, 32k
-tokens, sequence 1024–8192, an fp32 pass +240–350 %; +16–25 % on a training step of 4 GPT-2 layers 1280 wide, peak
-memory unchanged), on V centred by its per-sequence mean and
+reference's in bf16. So a bf16 training step that needs W_a's gradient (and has no attention dropout) computes
+that difference a second time, in the *backward* of `_AffineOutput`, in fp16 (2⁻¹¹ weights, the same fused kernels,
+no N×N matrix; one fp16 forward of the kernel: +32–46 % of a causal bf16 SDPA forward + backward on an H200, 20
+heads of 64, 32k tokens, sequence 1024–8192, an fp32 pass +240–350 %), on V centred by its per-sequence mean and
 scaled to ≤ 1 (SDPA(V − c) − mean(V − c) = SDPA(V) − mean(V) exactly for any c constant over the keys, since the
 weights of a query sum to 1; the centred difference has small magnitudes, and the scaling keeps fp16 from
-overflowing). Only α's gradient uses it (`_AlphaTimesDifference`): the output and every other gradient are those of
-the bf16 SDPA, bit-identical to a forward without gradient. Elements where the fp16 pass is not finite fall back to
-the bf16 difference. fp32 models and forwards without gradient compute exactly as before (fp32: up to rounding);
-with attention dropout the pass is skipped (it cannot reuse SDPA's dropout mask), and so are fp16 models.
+overflowing). Only α's gradient uses it: the output and every other gradient are those of the bf16 SDPA. Elements
+where the fp16 pass is not finite fall back to the bf16 difference. With attention dropout the pass is skipped (it
+cannot reuse SDPA's dropout mask), and so are fp32 / fp16 models and forwards without gradient.
+
+Not done (measured): a single bf16 SDPA pass on V centred by its per-sequence mean, reused for α's gradient, gives
+W_a's bf16 gradient a relative error of 0.157 against the reference's own 0.035 (Llama case of
+tests/test_affine_scaled.py; 0.23 uncentred, 0.046 with the fp16 pass): the bf16 rounding of the softmax weights,
+not V's common offset, dominates.
+
+Memory (`_AffineOutput`): the combination α·(A − m) + α_ma·m saves only α beyond what SDPA saves; A − m is
+recomputed in the backward (m from V: a prefix sum, or a masked mean with a mask).
 """
 
 from __future__ import annotations
@@ -73,14 +79,29 @@ def mean_visible(
             sums = v.sum(dim=2, keepdim=True).expand(-1, -1, q_len, -1)
             counts = torch.full((1, 1, 1, 1), float(K), device=v.device, dtype=v.dtype)
     else:
-        m = visible_from_mask(attention_mask).to(v.dtype)
-        if m.shape[1] not in (1, v.shape[1]):
-            raise ValueError(f"mask with {m.shape[1]} heads does not broadcast over {v.shape[1]} key/value heads")
-        sums = torch.matmul(m, v)
-        counts = m.sum(dim=-1, keepdim=True)
+        visible = visible_from_mask(attention_mask)
+        if visible.shape[1] not in (1, v.shape[1]):
+            raise ValueError(f"mask with {visible.shape[1]} heads does not broadcast over {v.shape[1]} key/value heads")
+        sums = _MaskedSum.apply(visible, v)
+        counts = visible.sum(dim=-1, keepdim=True).to(v.dtype)
     if bias_length == "full":
         counts = torch.full_like(counts[..., :1, :1], float(K))
     return sums / counts.clamp(min=1.0)
+
+
+class _MaskedSum(torch.autograd.Function):
+    """``visible @ value`` for a boolean visibility (B or 1, 1 or H_kv, Q, K) and values (B, H_kv, K, d), saving only
+    the boolean mask (which SDPA's caller holds anyway), not its float copy broadcast over the heads."""
+
+    @staticmethod
+    def forward(ctx, visible, value):
+        ctx.save_for_backward(visible)
+        return torch.matmul(visible.to(value.dtype), value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (visible,) = ctx.saved_tensors
+        return None, torch.matmul(visible.to(grad.dtype).transpose(-1, -2), grad)
 
 
 def affine_scaled_attention_forward(
@@ -107,7 +128,7 @@ def affine_scaled_attention_forward(
     holder = get_holder(module, "condinit_affine", "affine_scaled")
     x = holder.input_from(kwargs)
     opts = condinit_options(module)
-    B, H, Q, _ = query.shape
+    _, H, Q, _ = query.shape
     causal = effective_causal(module, query, attention_mask, is_causal)
     if causal:
         key, value = crop_for_causal(key, value, Q)
@@ -122,20 +143,19 @@ def affine_scaled_attention_forward(
         real = visible_from_mask(attention_mask)[:, 0].diagonal(offset=key.shape[2] - Q, dim1=-2, dim2=-1)
     alpha_ma = holder.alpha_ma_for_forward(alpha, real, opts["affine_rho"])  # (H,) fp32, before this batch
 
-    mean = mean_visible(value, attention_mask, causal, Q, opts["affine_bias_length"])  # (B, H_kv, Q, d) fp32
-    mean = repeat_kv(mean, H // mean.shape[1]).transpose(1, 2)  # (B, Q, H, d)
-    alpha = alpha.float().unsqueeze(-1)  # (B, Q, H, 1)
-    diff = attn.float() - mean  # ∂out/∂α, (B, Q, H, d) fp32
-    if attn.dtype == torch.bfloat16 and alpha.requires_grad and torch.is_grad_enabled() and dropout == 0.0:
-        precise = difference_for_alpha_grad(
-            module, query, key, value, attention_mask, causal, opts["affine_bias_length"], diff,
-            scaling=scaling, is_causal=is_causal, **kwargs
-        )
-        scaled = _AlphaTimesDifference.apply(alpha, diff, precise)
-    else:
-        scaled = alpha * diff
-    out = scaled + alpha_ma.view(1, 1, H, 1) * mean  # α·(SDPA(V) − m) + α_ma·m = α·SDPA(V) + (α_ma − α)·m
-    return out.to(attn.dtype), None
+    bias_length = opts["affine_bias_length"]
+    mean = _mean_per_head(value, attention_mask, causal, Q, bias_length, H)  # (B, Q, H, d) fp32
+    precise = attn.dtype == torch.bfloat16 and alpha.requires_grad and torch.is_grad_enabled() and dropout == 0.0
+    recompute = dict(module=module, mask=attention_mask, causal=causal, bias_length=bias_length, precise=precise,
+                     kwargs=dict(scaling=scaling, is_causal=is_causal, **kwargs))
+    out = _AffineOutput.apply(alpha.float(), attn, mean, alpha_ma, query, key, value, recompute)
+    return out, None
+
+
+def _mean_per_head(value, attention_mask, causal: bool, q_len: int, bias_length: str, n_heads: int) -> torch.Tensor:
+    """`mean_visible` repeated over the query heads of each KV head: (B, Q, H, d) fp32."""
+    mean = mean_visible(value, attention_mask, causal, q_len, bias_length)  # (B, H_kv, Q, d)
+    return repeat_kv(mean, n_heads // mean.shape[1]).transpose(1, 2)
 
 
 def difference_for_alpha_grad(
@@ -163,18 +183,40 @@ def difference_for_alpha_grad(
         return torch.where(torch.isfinite(diff), diff, fallback)
 
 
-class _AlphaTimesDifference(torch.autograd.Function):
-    """α·D, (B, Q, H, d), whose gradient with respect to α is Σ_d grad·D_precise (a more accurate D, no gradient);
-    the gradient with respect to D is grad·α, as for α·D. Shapes: α (B, Q, H, 1), D and D_precise (B, Q, H, d)."""
+class _AffineOutput(torch.autograd.Function):
+    """out = α·(A − m) + α_ma·m = α·SDPA(V) + (α_ma − α)·m, in A's dtype, keeping no per-call tensor of its own.
+
+    Inputs: α (B, Q, H) fp32; A = SDPA(Q, K, V) (B, Q, H, d); m = the visible mean (B, Q, H, d) fp32 (its gradient
+    flows on to V through autograd); α_ma (H,) fp32, no gradient; query, key, value: only read in the backward (no
+    gradient from here: theirs flows through SDPA); ``recompute``: module, mask, causal, bias_length, precise, kwargs.
+
+    Saved: α, and tensors SDPA saves anyway (A, query, key, value, the mask): ∂out/∂α = A − m is recomputed in the
+    backward — m from V (a prefix or masked mean), or, when ``precise`` (bf16 training, module docstring), from the
+    fp16 difference pass `difference_for_alpha_grad`, which therefore runs in the backward, not the forward.
+    """
 
     @staticmethod
-    def forward(ctx, alpha, diff, precise):
-        ctx.save_for_backward(alpha, precise)
-        return alpha * diff
+    def forward(ctx, alpha, attn, mean, alpha_ma, query, key, value, recompute):
+        out = alpha.unsqueeze(-1) * (attn.float() - mean) + alpha_ma.view(1, 1, -1, 1) * mean
+        ctx.save_for_backward(alpha, attn, alpha_ma, query, key, value, recompute["mask"])
+        ctx.recompute = {k: v for k, v in recompute.items() if k != "mask"}
+        return out.to(attn.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        alpha, precise = ctx.saved_tensors
-        grad_alpha = (grad * precise).sum(dim=-1, keepdim=True) if ctx.needs_input_grad[0] else None
-        grad_diff = grad * alpha if ctx.needs_input_grad[1] else None
-        return grad_alpha, grad_diff, None
+        alpha, attn, alpha_ma, query, key, value, mask = ctx.saved_tensors
+        r = ctx.recompute
+        g = grad.float()
+        a = alpha.unsqueeze(-1)
+        grad_attn = (g * a).to(attn.dtype) if ctx.needs_input_grad[1] else None
+        grad_mean = g * (alpha_ma.view(1, 1, -1, 1) - a) if ctx.needs_input_grad[2] else None
+        grad_alpha = None
+        if ctx.needs_input_grad[0]:
+            with torch.no_grad():
+                mean = _mean_per_head(value, mask, r["causal"], query.shape[2], r["bias_length"], query.shape[1])
+                diff = attn.float() - mean
+                if r["precise"]:
+                    diff = difference_for_alpha_grad(r["module"], query, key, value, mask, r["causal"],
+                                                     r["bias_length"], diff, **r["kwargs"])
+            grad_alpha = (g * diff).sum(dim=-1)
+        return grad_alpha, grad_attn, grad_mean, None, None, None, None, None

@@ -1,18 +1,29 @@
-"""Attention sink: a learnable logit s_h per head in the softmax denominator (init 0), SDPA fast path.
+"""Attention sink: a learnable logit s_h per head in the softmax denominator (init 0), fused-kernel fast path.
 
-    p_ij = exp(l_ij) / (exp(s_h) + Σ_j exp(l_ij)),   out_i = Σ_j p_ij v_j
+    p_ij = exp(l_ij) / (exp(s_h) + Σ_j exp(l_ij)),   out_i = Σ_j p_ij v_j = σ(lse_i − s_h) · O_i
 
-Fast path: the sink is a *virtual key with a zero value*, placed at key position 0. Its logit must be s_h for every
-query, which a key vector alone cannot give, so q and k get one extra coordinate: q' = [q, s_h/scale],
-k'_sink = [0, 1], k'_j = [k_j, 0] (scale = the attention scale), so q'·k'_sink·scale = s_h and q'·k'_j = q·k_j.
-The per-head part lives on the query side, so the keys stay per KV head (GQA needs no repeat). Values get the same
-zero padding (fused SDPA kernels need equal q/k/v head dims) and the output drops it.
+where O, lse = softmax(l)·V and logsumexp_j(l_ij) over the real keys (the sink has no value vector: it only takes
+probability mass away). **Fast path** (`SinkAttention`): one call of a fused kernel that returns lse beside O
+(``_scaled_dot_product_flash_attention_for_cpu`` on CPU, ``_scaled_dot_product_flash_attention`` on CUDA), then the
+per-row factor w = σ(lse − s) = exp(lse − lse'), lse' = logaddexp(lse, s). Head dim and q/k/v are unchanged; the keys
+stay per KV head (the CPU kernel handles GQA). The backward is the kernel's own backward called with the sink's
+log-normaliser lse' and the sink's output: the kernel recomputes P' = exp(l − lse') = w·P (the probabilities of the
+sink softmax) and Δ = rowsum(dOut ∘ out), which is exactly the backward of softmax-with-sink; the sink's gradient is
+written out: ∂L/∂s_h = −Σ_{b,i} (1 − w_i)·⟨dOut_i, out_i⟩. Saved tensors: q, k, v, out, lse' (what SDPA saves).
 
-Visibility: with a mask, the sink column is always visible (so no row is ever fully masked; padding rows output 0);
-without a mask and causal, a dummy query is prepended so that SDPA's upper-left ``is_causal`` lets query i see
-the sink and keys 0..i (the flash/causal kernel is kept); otherwise every key and the sink are visible.
+Visibility: with a 4-D mask, the mask (converted to the kernel's additive form in the query dtype); a fully masked
+row has lse = finfo.min, so w = 0 and the row outputs 0 (as the reference). Without a mask and causal, upper-left
+``is_causal`` over keys cropped to the query length (`crop_for_causal`); otherwise every key.
 
-A neutral sink (s → −∞) gives plain SDPA; use a large finite value (e.g. −1e4): s = −inf would give 0·(−inf) = NaN.
+**Fallback** (attention dropout in training, or a device/case without an lse kernel: CUDA with a mask, GQA or a dtype
+other than fp16/bf16; other devices): the sink as a *virtual key with a zero value* at key position 0 through HF's
+SDPA. Its logit must be s_h for every query, which a key vector alone cannot give, so q and k get extra
+coordinates: q' = [q, s_h/scale], k'_sink = [0, 1], k'_j = [k_j, 0], so q'·k'_sink·scale = s_h and q'·k'_j = q·k_j
+(`extra_coordinates`: 1 on CPU, up to a multiple of 8 elsewhere for the fused GPU kernels). With a mask the sink
+column is always visible; without one and causal, a dummy query is prepended so that upper-left ``is_causal`` lets
+query i see the sink and keys 0..i.
+
+A neutral sink (s → −∞) gives plain SDPA; use a large finite value (e.g. −1e4): s = −inf would give NaN gradients.
 """
 
 from __future__ import annotations
@@ -22,16 +33,89 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ._common import crop_for_causal, effective_causal, get_holder, wants_attentions
 
-__all__ = ["attention_sink_attention_forward", "extra_coordinates"]
+__all__ = ["attention_sink_attention_forward", "SinkAttention", "lse_kernel", "extra_coordinates"]
 
 
 def extra_coordinates(head_dim: int, device: torch.device) -> int:
-    """Coordinates appended to q/k/v per head: 1 on CPU; elsewhere enough to make ``head_dim + extra`` a multiple of
-    8 (at least 1), so the fused GPU kernels (flash / memory-efficient SDPA need head dims divisible by 8) stay
-    eligible. The output does not depend on it (the extra coordinates are zero except the sink's)."""
+    """Fallback path: coordinates appended to q/k/v per head: 1 on CPU; elsewhere enough to make ``head_dim + extra``
+    a multiple of 8 (at least 1), so the fused GPU kernels (flash / memory-efficient SDPA need head dims divisible by
+    8) stay eligible. The output does not depend on it (the extra coordinates are zero except the sink's)."""
     if device.type == "cpu":
         return 1
     return 8 - head_dim % 8 if head_dim % 8 else 8
+
+
+def lse_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, dropout: float) -> str | None:
+    """Which fused kernel returning (O, lse) serves this call: ``"cpu"``, ``"cuda"`` or None (use the fallback).
+
+    CPU: ``_scaled_dot_product_flash_attention_for_cpu`` (any float dtype, masks, GQA; no dropout). CUDA:
+    ``_scaled_dot_product_flash_attention`` (fp16/bf16, no mask, equal q/k/v head counts and head dims, head dim a
+    multiple of 8 up to 256; dropout supported through its RNG state).
+    """
+    if query.device.type == "cpu":
+        return "cpu" if dropout == 0.0 else None
+    if (query.device.type == "cuda" and mask is None and query.dtype in (torch.float16, torch.bfloat16)
+            and query.shape[1] == key.shape[1] and query.shape[-1] == value.shape[-1]
+            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256):
+        return "cuda"
+    return None
+
+
+def _additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A 4-D boolean (True = attend) or additive mask as the additive mask in ``dtype`` that the CPU kernel takes."""
+    if mask is None:
+        return None
+    lowest = torch.finfo(dtype).min
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, lowest)
+    return mask.clamp(min=lowest).to(dtype) if mask.dtype != dtype else mask
+
+
+class SinkAttention(torch.autograd.Function):
+    """Softmax attention with a per-head sink logit, from one fused kernel call (module docstring).
+
+    Inputs: query (B, H, Q, d), key / value (B, H_kv, K, d) (H_kv = H on CUDA), logit (H,) the sink logits, mask
+    None or additive (B or 1, 1, Q, K) in the query dtype, causal (upper-left, keys already cropped), scale,
+    dropout (CUDA only), kernel (`lse_kernel`). Output: (B, H, Q, d) in the query dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, logit, mask, causal: bool, scale: float, dropout: float, kernel: str):
+        H = query.shape[1]
+        if kernel == "cpu":
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query, key, value, 0.0, causal, attn_mask=mask, scale=scale)
+            extra = ()
+        else:
+            out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout, causal, False, scale=scale)
+            extra = (cum_q, cum_k, seed, offset)
+            ctx.max_q, ctx.max_k = max_q, max_k
+        # lse is fp32 (fp64 for fp64 inputs); the kernel's backward takes the sink's lse' in the same dtype
+        lse_sink = torch.logaddexp(lse, logit.detach().to(lse.dtype).view(1, H, 1))  # (B, H, Q)
+        w = torch.exp(lse - lse_sink).unsqueeze(-1)  # σ(lse − s), (B, H, Q, 1)
+        out = (out.to(lse.dtype) * w).to(query.dtype)
+        ctx.save_for_backward(query, key, value, out, lse_sink, logit, mask, *extra)
+        ctx.causal, ctx.scale, ctx.dropout, ctx.kernel = causal, scale, dropout, kernel
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, key, value, out, lse_sink, logit, mask, *extra = ctx.saved_tensors
+        if ctx.kernel == "cpu":
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, query, key, value, out, lse_sink, 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale)
+        else:
+            cum_q, cum_k, seed, offset = extra
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                grad, query, key, value, out, lse_sink, cum_q, cum_k, ctx.max_q, ctx.max_k, ctx.dropout, ctx.causal,
+                seed, offset, scale=ctx.scale)
+        g_logit = None
+        if ctx.needs_input_grad[3]:
+            one_minus_w = torch.exp(logit.detach().to(lse_sink.dtype).view(1, -1, 1) - lse_sink)  # (B, H, Q)
+            dot = (grad.to(lse_sink.dtype) * out.to(lse_sink.dtype)).sum(-1)  # ⟨dOut_i, out_i⟩
+            g_logit = -(one_minus_w * dot).sum(dim=(0, 2)).to(logit.dtype)
+        return gq, gk, gv, g_logit, None, None, None, None, None
 
 
 def attention_sink_attention_forward(
@@ -53,17 +137,29 @@ def attention_sink_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal
         )
     holder = get_holder(module, "condinit_sink", "attention_sink")
-    B, H, Q, d = query.shape
-    Hkv = key.shape[1]
-    scale = scaling if scaling is not None else d**-0.5
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     causal = effective_causal(module, query, attention_mask, is_causal)
     if causal:
-        key, value = crop_for_causal(key, value, Q)
-    K = key.shape[2]
+        key, value = crop_for_causal(key, value, query.shape[2])
+    kernel = lse_kernel(query, key, value, attention_mask, dropout)
+    if kernel is not None:
+        mask = _additive_mask(attention_mask, query.dtype) if kernel == "cpu" else None
+        out = SinkAttention.apply(query, key, value, holder.logit, mask, causal, scale, dropout, kernel)
+        return out.transpose(1, 2), None  # (B, Q, H, d)
+    return _virtual_key_attention(module, query, key, value, holder.logit, attention_mask, causal, scale, dropout,
+                                  **kwargs), None
+
+
+def _virtual_key_attention(module, query, key, value, logit, attention_mask, causal: bool, scale: float,
+                           dropout: float, **kwargs) -> torch.Tensor:
+    """The fallback: the sink as a virtual key with a zero value, through HF's SDPA (module docstring).
+    Shapes as `SinkAttention` (keys already cropped when ``causal``); returns (B, Q, H, d)."""
+    B, H, Q, d = query.shape
+    Hkv, K = key.shape[1], key.shape[2]
     extra = extra_coordinates(d, query.device)
     dt, dev = query.dtype, query.device
 
-    s = (holder.logit / scale).to(dt).view(1, H, 1, 1).expand(B, H, Q, 1)
+    s = (logit / scale).to(dt).view(1, H, 1, 1).expand(B, H, Q, 1)
     q_aug = torch.cat([query, s, query.new_zeros(B, H, Q, extra - 1)], dim=-1)
     k_sink = key.new_zeros(B, Hkv, 1, d + extra)
     k_sink[..., d] = 1
@@ -93,4 +189,4 @@ def attention_sink_attention_forward(
     )  # (B, Q(+1), H, d)
     if causal:
         out = out[:, 1:]
-    return out[..., :dv], None
+    return out[..., :dv]

@@ -37,7 +37,7 @@ import re
 
 from torch import nn
 
-from ..modules import AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
+from .holders import AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
 
 __all__ = [
     "PORTABLE_FILE",
@@ -55,7 +55,7 @@ _MODULE = PORTABLE_FILE[:-3]
 _PREFIX = "condinit_"
 #: bundled in this order (each file only uses names of the files before it, or its own)
 _BUNDLED = (
-    "hf_condinit.modules",
+    "hf_condinit.attention.holders",
     "hf_condinit.attention._common",
     "hf_condinit.attention.reference",
     "hf_condinit.attention.affine_scaled",
@@ -96,9 +96,12 @@ def holder_manifest(model: nn.Module) -> list[dict]:
         ValueError: a holder outside the base model (the remote classes attach holders to the base model).
     """
     root = model.base_model
-    names = {id(m): n for n, m in root.named_modules()}
+    # torch's checkpoint_wrapper (activation checkpointing under FSDP) adds a level to module names that state dicts
+    # and the saved model leave out
+    modules = [(n.replace("_checkpoint_wrapped_module.", ""), m) for n, m in root.named_modules()]
+    names = {id(m): n for n, m in modules}
     entries = []
-    for name, holder in root.named_modules():
+    for name, holder in modules:
         if not isinstance(holder, CondInitHolder):
             continue
         module, _, attr = name.rpartition(".")

@@ -1,4 +1,4 @@
-"""Preconditioned attention (Saratchandran, arXiv 2603.27153) — **the project's reading** (METHODS.md §4).
+"""Preconditioned attention (Saratchandran, arXiv 2603.27153) — **the project's reading** (docs/methods.md §4).
 
 The paper multiplies each head's output by a diagonal matrix C depending on Q, K, V; its exact formula is not public
 in full. The project reads it as C = diag(1 / (‖A_i‖₂ + ε)) for A = softmax(QKᵀ/√d)V, computed on a *detached*
@@ -45,5 +45,6 @@ def preconditioned_attention_forward(
     factor = 1.0 / norm
     if opts["precond_scale"] == "sqrt_d":
         factor = factor * math.sqrt(out.shape[-1])
-    # in fp32: 1/ε overflows fp16 on all-zero (fully padded) rows, and 0·inf would be NaN
-    return (out.float() * factor).to(out.dtype), None
+    if out.dtype == torch.float16:  # in fp32: 1/ε overflows fp16 on all-zero (fully padded) rows, and 0·inf is NaN
+        return (out.float() * factor).to(out.dtype), None
+    return out * factor.to(out.dtype), None  # fp32 / bf16: no fp32 copy of the output

@@ -80,10 +80,10 @@ def eager_reference(module, query, key, value, attention_mask, dropout=0.0, scal
 def affine_scaled_reference(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
 ):
-    """``out = [α(X)·softmax(QKᵀ/√d) + β(X)]·V`` with β = (α_ma − α)/N on the N visible keys only (METHODS.md §5).
+    """``out = [α(X)·softmax(QKᵀ/√d) + β(X)]·V`` with β = (α_ma − α)/N on the N visible keys only (docs/methods.md §5).
 
     The output uses α_ma as it stood before the batch; training forward passes then update it (EMA over real
-    tokens), exactly like the fast path. X arrives in ``kwargs`` (`hf_condinit.modules.AFFINE_INPUT_KWARG`).
+    tokens), exactly like the fast path. X arrives in ``kwargs`` (`hf_condinit.attention.holders.AFFINE_INPUT_KWARG`).
     """
     holder = get_holder(module, "condinit_affine", "affine_scaled")
     x = holder.input_from(kwargs)
@@ -163,7 +163,7 @@ def randomise_holders(model: nn.Module, seed: int = 0) -> None:
     """Give the variants' holders non-trivial values for a comparison with the references: affine W_a ~ N(0, 3²),
     α_ma ~ U(0, 1), sink logits ~ N(0, 1), drawn on CPU from ``torch.Generator().manual_seed(seed + 1)`` (the same
     values on every device), in place. The zero inits would make affine_scaled and the sink trivial."""
-    from ..modules import AffineScaledHolder, AttentionSinkHolder
+    from .holders import AffineScaledHolder, AttentionSinkHolder
 
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

@@ -1,9 +1,9 @@
-"""Spectral conditioning of attention (Saratchandran & Lucey, NeurIPS 2025; METHODS.md §3).
+"""Spectral conditioning of attention (Saratchandran & Lucey, NeurIPS 2025; docs/methods.md §3).
 
 Attention is computed with W_Q + C, W_K + C, W_V + C, where C is fixed before training: a persistent *buffer* (no
 gradient, no weight decay, saved next to W in the state dict), never folded into W unless `merge_spectral` is called.
 
-- ``mode="identity"`` (default): C = λ·E, E the block identity of METHODS.md §1 written through the layout's
+- ``mode="identity"`` (default): C = λ·E, E the block identity of docs/methods.md §1 written through the layout's
   ``Projection.heads`` views (so fused GPT-2 ``Conv1D``, separate ``nn.Linear``, GQA and interleaved NeoX layouts are
   all handled by the layout adapters). Default λ = 10.
 - ``mode="svd"``: per head, W_h = U S Vᵀ → C_h = σ_max(W_h)·U Vᵀ, so κ(W_h + C_h) ≤ 2 (λ only switches it on).
@@ -26,7 +26,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ..modules import SpectralHolder
+from .holders import SpectralHolder
 
 __all__ = [
     "inject_spectral",
@@ -35,7 +35,13 @@ __all__ = [
     "apply_spectral_conditioning",
     "merge_spectral",
     "remove_spectral",
+    "low_precision_error",
+    "PROJECTION_TOL",
 ]
+
+#: what a bf16 projection with spectral conditioning may differ from fp32 (`low_precision_error`): one bf16 epsilon
+#: (2⁻⁷) of the tensor's largest value, i.e. two roundings (the sum's, and C's own in svd mode; measured ≤ 0.0037)
+PROJECTION_TOL = 2.0**-7
 
 _QKV = ("q", "k", "v")
 
@@ -176,3 +182,47 @@ def remove_spectral(model: nn.Module) -> nn.Module:
     if getattr(model.config, "condinit", None) is not None:
         _record(model.config, spectral_lambda=None)
     return model
+
+
+def low_precision_error(model: nn.Module, low: nn.Module, inputs: dict, rounded: nn.Module | None = None) -> dict:
+    """How far a low-precision copy ``low`` of the fp32 model ``model`` (same weights, ``copy.deepcopy(model).to(
+    torch.bfloat16)``) computes from it, in eval mode without gradients (the bf16 check of docs/methods.md §3).
+
+    Returns ``{"logits": e, "projections": {name: e}}``, each ``e = max |got − truth| / max |truth|`` of one
+    tensor: the model's output (logits, or last hidden state; padded positions of ``inputs["attention_mask"]``
+    zeroed), and, for every projection with spectral conditioning, its output in ``low``'s forward against the fp32
+    module applied to the *same* input (upcast), so that the projection's own arithmetic is judged, not the rounding
+    accumulated upstream. A correct bf16 projection is within `PROJECTION_TOL`. The output's error depends on the
+    model: with λ = 10 the attention is nearly one-hot and rounding q/k to bf16 flips near-ties (Llama, identity C:
+    0.107 while every projection is within 0.002). ``rounded`` (the fp32 model with its weights and C rounded to bf16,
+    computing in fp32) measures that sensitivity: its output error is returned as ``"logits_rounded"``.
+    """
+    captured = []
+    handles = [h.projection_module.register_forward_hook(lambda m, a, o: captured.append((m, a[0], o)))
+               for _, h in spectral_holders(low)]  # registered after the spectral hook: sees the final output
+    try:
+        with torch.no_grad():
+            outputs = [m.eval()(**inputs) for m in (low, model, *([rounded] if rounded is not None else []))]
+    finally:
+        for handle in handles:
+            handle.remove()
+    mask = inputs.get("attention_mask")
+    outputs = [o.logits if hasattr(o, "logits") else o.last_hidden_state for o in outputs]
+    if mask is not None:
+        outputs = [t.float() * mask[..., None].float() for t in outputs]
+    got, truth = outputs[:2]
+
+    def rel(a, b):
+        return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+    names = {id(m): n for n, m in low.named_modules()}
+    fp32_modules = dict(model.named_modules())
+    projections = {}
+    for module, x, out in captured:
+        name = names[id(module)]
+        with torch.no_grad():
+            projections[name] = rel(out, fp32_modules[name](x.float()))
+    errors = {"logits": rel(got, truth), "projections": projections}
+    if rounded is not None:
+        errors["logits_rounded"] = rel(outputs[2], truth)
+    return errors

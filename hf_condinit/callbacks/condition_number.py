@@ -1,4 +1,4 @@
-"""Trainer callback logging the attention-Jacobian condition number during training (METHODS.md §6, DESIGN §7.3.6).
+"""Trainer callback logging the attention-Jacobian condition number during training (docs/methods.md §6, DESIGN §7.3.6).
 
 The callback only schedules and logs; the math is :func:`hf_condinit.diagnostics.attention_jacobian_condition_number`.
 
@@ -20,7 +20,10 @@ An unbound callback still measures: it appends the entry to ``state.log_history`
 Scheduling: step 0 at ``on_train_begin`` (skipped when resuming at a step that is not a multiple of the interval),
 then ``on_step_end`` whenever ``state.global_step % every_n_steps == 0``; never twice for the same step. Only the
 world-process-zero computes and logs; under ZeRO-3 (parameters carrying ``ds_id``) every rank runs the probe forward
-and the parameter gathering, which are collective.
+and the parameter gathering, which are collective. Under FSDP (FSDP2's sharded DTensor parameters, or FSDP1
+wrappers) nothing is measured: one logged line says so at the first scheduled measurement (a forward on rank 0
+alone would wait forever for the other ranks' all-gathers); measure a saved checkpoint instead
+(``hf_condinit.diagnostics``).
 
 Cost: one float64 ``eigvalsh`` of (B·N·d)² per head. On a 4-layer, 256-wide, 4-head GPT-2 (d = 64, 16 heads) on
 2 CPU cores, a 2 × 32 probe (G 4096²) took 53 s per measurement, about 87 training steps of 8 × 256 tokens, and a
@@ -60,7 +63,7 @@ def build_probe(dataset, probe_size: int = DEFAULT_PROBE_SIZE, probe_length: int
     Each probe row is a window of ``probe_length`` tokens of one example (right-padded with ``pad_token_id`` and
     masked when the example is shorter). With ``distinct_first_tokens`` (for causal models), examples are scanned
     in order (at most ``scan``) and each window starts at the first offset whose token differs from the first tokens
-    already chosen, so that no two rows share a prefix (rows of J would repeat; METHODS.md §6).
+    already chosen, so that no two rows share a prefix (rows of J would repeat; docs/methods.md §6).
 
     Args:
         dataset: a sequence of dicts (``datasets.Dataset`` or list) with ``input_ids`` (list or tensor).
@@ -170,6 +173,7 @@ class ConditionNumberCallback(TrainerCallback):
         self.trainer = None
         self._last_step: Optional[int] = None
         self._warned_unbound = False
+        self._skipped_fsdp = False
         self.last_report = None
         if trainer is not None:
             self.bind(trainer)
@@ -225,8 +229,15 @@ class ConditionNumberCallback(TrainerCallback):
         if self._last_step == state.global_step:
             return
         model = _unwrap(model)
-        zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
         is_main = state.is_world_process_zero
+        if _fsdp_sharded(model):
+            if is_main and not self._skipped_fsdp:
+                logger.warning("κ(J) is not measured under FSDP (the parameters are sharded): the callback "
+                               "(--log_condition_number_every) skips; measure the saved model with "
+                               "hf_condinit.diagnostics.attention_jacobian_condition_number.")
+            self._skipped_fsdp = True
+            return
+        zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
         if not is_main and not zero3:
             return
         self._last_step = state.global_step
@@ -264,6 +275,16 @@ class ConditionNumberCallback(TrainerCallback):
         record = {"step": state.global_step, "epoch": state.epoch, "log": metrics, **report.to_dict()}
         with open(path, "a") as f:
             f.write(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
+
+
+def _fsdp_sharded(model) -> bool:
+    """Whether ``model`` is sharded by FSDP, as the Trainer leaves it under ``--fsdp``: FSDP2 parameters are
+    DTensors, FSDP1 wraps submodules in ``FullyShardedDataParallel``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    return (any(isinstance(p, DTensor) for p in model.parameters())
+            or any(isinstance(m, FullyShardedDataParallel) for m in model.modules()))
 
 
 def console_line(step: int, report) -> str:

@@ -1,4 +1,4 @@
-"""Diagnostics: the attention-Jacobian condition number (METHODS.md §6).
+"""Diagnostics: the attention-Jacobian condition number (docs/methods.md §6).
 
 - :mod:`.jacobian`: pure tensor functions (closed-form J and G = J Jᵀ, κ, pseudo-condition numbers, the bound);
 - :mod:`.probes`: capture the real attention inputs of a model, and the model-level

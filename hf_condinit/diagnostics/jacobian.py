@@ -1,6 +1,6 @@
 """Condition number of the attention Jacobian with respect to the query, key and value weights.
 
-Pure tensor functions: no model, layout or Trainer knowledge (METHODS.md §6; Saratchandran & Lucey, "Conditioned
+Pure tensor functions: no model, layout or Trainer knowledge (docs/methods.md §6; Saratchandran & Lucey, "Conditioned
 Initialization for Attention", Figures 1 and 3).
 
 Notation (the papers' row-vector convention). One head, one sequence::
@@ -73,17 +73,40 @@ Pseudo-condition numbers reported beside κ (each ``σ_max / σ_min⁺`` with ``
   contributes nothing;
 - ``kappa_wq``, ``kappa_wk``, ``kappa_wv``: of the (D, d) weights.
 
-The surrogate bound of METHODS.md §1 is then
-``bound = kappa_x**3 · kappa_lambda · kappa_wv · (kappa_wq + kappa_wk) + kappa_x · kappa_p``.
+Two quantities are reported beside κ (``bound`` and ``upper_bound``); only the second is an upper bound of κ(J).
 
-What holds about the bound (checked in ``tests/test_diagnostics.py``): it is **not** a theorem for this J. Every
-factor is scale-invariant while κ(J) depends on the relative scale of the Q/K blocks (∝ s·|X|²·|W|²) and the V
-block (∝ |P X|). In random float64 trials (one head, N ≤ 8, D ≤ 9, d ≤ 3, X and W scales from 1e-2 to 20, causal
-or not) it failed in 20 of 114 cases where the probe has more tokens than width (T > D; 17 of 55 causal), never when T ≤ D
-(493 resolvable cases, worst κ/bound = 0.985 — so close that no claim is made). Proven, and tested:
-``λ_min(G) ≥ σ_min(P X)²`` when P X has full row rank (G ⪰ J_V J_Vᵀ) — this is why σ_min(P X) governs κ under
-a causal mask —, and with W_Q = W_K = 0 (uniform attention over the visible keys) ``κ(J) = κ(P X) ≤ κ(P)·κ(X)``
-(the bound's second term) when P is square and invertible (causal) and X has full row rank.
+**``bound``: the papers' surrogate** (docs/methods.md §1),
+``bound = kappa_x**3 · kappa_lambda · kappa_wv · (kappa_wq + kappa_wk) + kappa_x · kappa_p``. It names the factors
+that drive κ(J), but it is **not** an upper bound of this J, and the measured κ may exceed it. Two reasons:
+
+1. it ignores the scale of W_V, which κ(J) does not. Scaling W_V by c leaves P, ``J_V = I_d ⊗ (P X)`` and every
+   factor of the surrogate unchanged, but multiplies ``J_QK = [J_Q J_K]`` by c (``M_t`` and ``R_t`` are linear in
+   V). Under a causal mask the first query of a sequence sees one key, so ``Λ(p_0) = 0``: its rows of J are J_V's
+   alone and the unit vector on them gives ``λ_min(G) ≤ |x_0|²``, while ``λ_max(G) ≥ ‖J_QK‖₂²``. Hence
+   ``κ(J) ≥ ‖J_QK‖₂ / |x_0|``, which grows ∝ c past any fixed surrogate (e.g. a value projection grown by training;
+   ``tests/test_kappa_display.py`` checks it against autograd). Without a mask κ(J) need not grow (G_QK can
+   lift λ_min too);
+2. it chains ``κ(AB) ≤ κ(A) κ(B)`` and ``κ([A B]) ≤ κ(A) + κ(B)``, which hold for full-rank factors only, but Λ(P)
+   is always singular (its kernel holds the constant vector and the masked keys), LayerNorm's X lies on a
+   hyperplane, and with more probe tokens than width (T > D) PX cannot have full row rank. In random float64 trials
+   (one head, N ≤ 8, D ≤ 9, d ≤ 3, X and W scales from 1e-2 to 20, causal or not) it failed in 20 of 114 cases with
+   T > D (``tests/test_diagnostics.py::test_bound_is_not_a_theorem``).
+
+Only its second term holds as stated: with W_Q = W_K = 0 (uniform attention over the visible keys)
+``κ(J) = κ(P X) ≤ κ(P)·κ(X)`` when P is square and invertible (causal) and X has full row rank.
+
+**``upper_bound``: a proven upper bound** (:func:`jacobian_upper_bound`), valid whenever the stacked P X has full
+row rank (T ≤ D and σ_min(PX) > 0: the default probes of 2 × 16 tokens on models at least 32 wide), ``nan``
+otherwise. Since ``G_QK ⪰ 0``, ``λ_min(G) ≥ λ_min(G_V) = σ_min(PX)²``; and ``λ_max(G) ≤ ‖J_QK‖_F² + σ_max(PX)²``.
+Hence::
+
+    κ(J) ≤ sqrt(κ(PX)² + ‖J_QK‖_F² / σ_min(PX)²),
+    ‖J_QK‖_F² = s² Σ_t (|x_t|² ‖M_t‖_F² + |q_t|² ‖R_t‖_F²)        (closed form above, no J materialised)
+
+It states what drives κ(J): κ(PX) (≤ κ(P) κ(X), the surrogate's second term) and the ratio of the Q/K part to
+σ_min(PX). Checked against an autograd Jacobian in ``tests/test_kappa_display.py``, including cases where κ(J)
+exceeds the surrogate. (Also proven and tested: ``λ_min(G) ≥ σ_min(P X)²``, this is why σ_min(PX) governs κ under
+a causal mask.)
 """
 
 from __future__ import annotations
@@ -95,6 +118,7 @@ from typing import Optional
 import torch
 
 __all__ = [
+    "BOUND_NOTES",
     "HeadCondition",
     "attention_probabilities",
     "attention_head_output",
@@ -103,8 +127,16 @@ __all__ = [
     "pseudo_condition_number",
     "softmax_jacobian_condition_number",
     "condition_bound",
+    "jacobian_upper_bound",
     "head_condition_number",
 ]
+
+#: What the two bounds beside κ are, in the words every display prints under them (module docstring).
+BOUND_NOTES = (
+    "κ ≤: a proven upper bound, sqrt(κ(PX)² + ‖J_QK‖_F²/σ_min(PX)²); n/a when P X lacks full row rank (tokens > width)",
+    "surrogate: the papers' κ(X)³κ(Λ)κ(W_V)(κ(W_Q)+κ(W_K)) + κ(X)κ(P), not an upper bound: it ignores the scale of",
+    "  W_V: under a causal mask κ is at least ‖J_QK‖/|x_0|, which grows with |W_V| past it (diagnostics.jacobian)",
+)
 
 _F64 = torch.float64
 DEFAULT_EIG_RTOL = 1e-12
@@ -381,8 +413,31 @@ def softmax_jacobian_condition_number(P: torch.Tensor, rtol: Optional[float] = N
 
 
 def condition_bound(kappa_x, kappa_lambda, kappa_wq, kappa_wk, kappa_wv, kappa_p) -> float:
-    """The surrogate of METHODS.md §1: ``κ(X)³ κ(Λ) κ(W_V) (κ(W_Q) + κ(W_K)) + κ(X) κ(P)`` (not a theorem here)."""
+    """The papers' surrogate (docs/methods.md §1): ``κ(X)³ κ(Λ) κ(W_V) (κ(W_Q) + κ(W_K)) + κ(X) κ(P)``. Not an
+    upper bound of κ(J): it is blind to the scale of W_V, which under a causal mask drives κ(J) past it (module
+    docstring); :func:`jacobian_upper_bound` is one."""
     return kappa_x ** 3 * kappa_lambda * kappa_wv * (kappa_wq + kappa_wk) + kappa_x * kappa_p
+
+
+def _qk_frobenius_squared(blk: _Blocks) -> float:
+    """``‖[J_Q J_K]‖_F² = s² Σ_t (|x_t|² ‖M_t‖_F² + |q_t|² ‖R_t‖_F²)`` (module docstring)."""
+    x2 = blk.Xt.square().sum(-1)
+    q2 = blk.Qt.square().sum(-1)
+    m2 = blk.Mt.square().sum((-2, -1))
+    r2 = blk.Rt.square().sum((-2, -1))
+    return blk.scaling ** 2 * float((x2 * m2 + q2 * r2).sum())
+
+
+def jacobian_upper_bound(px_singular_values: torch.Tensor, n_tokens: int, qk_frobenius_squared: float,
+                         rtol: float) -> float:
+    """A proven upper bound of κ(J): ``sqrt(κ(PX)² + ‖J_QK‖_F² / σ_min(PX)²)`` when the stacked ``P X`` (``T×D``,
+    ``T = n_tokens``; ``px_singular_values`` descending) has full row rank: ``T`` singular values (``T ≤ D``), the
+    smallest ``> rtol · σ_max``. ``nan`` otherwise: the bound does not apply. Proof in the module docstring."""
+    sv = px_singular_values
+    if sv.numel() < n_tokens or n_tokens == 0 or float(sv[-1]) <= rtol * float(sv[0]):
+        return float("nan")
+    smax, smin = float(sv[0]), float(sv[-1])
+    return math.sqrt((smax / smin) ** 2 + qk_frobenius_squared / smin ** 2)
 
 
 @dataclass
@@ -402,7 +457,9 @@ class HeadCondition:
         refined: True when ``method="eig"`` was asked for, saturated, and recomputed with ``"svd"``.
         n_rows, n_cols: shape of J.
         kappa_px, kappa_p, kappa_x, kappa_lambda, kappa_wq, kappa_wk, kappa_wv: pseudo-condition numbers.
-        bound: :func:`condition_bound` of those.
+        bound: the papers' surrogate, :func:`condition_bound` of those: **not** an upper bound (κ may exceed it).
+        upper_bound: :func:`jacobian_upper_bound`, ``κ ≤ upper_bound`` proven; ``nan`` when P X does not have full
+            row rank (more probe tokens than width), where it does not apply.
         spectrum: the eigenvalues of G, ascending (only with ``return_spectrum=True``; left out of ``to_dict``).
     """
 
@@ -424,6 +481,7 @@ class HeadCondition:
     kappa_wk: float
     kappa_wv: float
     bound: float
+    upper_bound: float = float("nan")
     kappa_is_lower_bound: bool = False
     refined: bool = False
     spectrum: Optional[torch.Tensor] = field(default=None, repr=False)
@@ -457,7 +515,8 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
                           key_padding_mask=None, attn_mask=None, method: str = "eig", rtol: Optional[float] = None,
                           return_spectrum: bool = False, x_rtol: Optional[float] = None,
                           device=None, refine: bool = True) -> HeadCondition:
-    """κ of the attention Jacobian of one head w.r.t. ``(W_Q, W_K, W_V)``, with the side quantities and bound.
+    """κ of the attention Jacobian of one head w.r.t. ``(W_Q, W_K, W_V)``, with the side quantities, the papers'
+    surrogate (not a bound) and a proven upper bound (module docstring).
 
     Args:
         X (`torch.Tensor`): ``(N, D)`` or ``(B, N, D)`` attention input (the probe's sequences; J stacks over them).
@@ -532,7 +591,10 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
     sv_p = torch.cat([torch.linalg.svdvals(pb) for pb in p_blocks])
     kappa_p = _kappa_from_values(sv_p, max(pb.shape[0] for pb in p_blocks) * eps)[0]
     kappa_x = pseudo_condition_number(blk.Xt, x_rtol)
-    kappa_px = pseudo_condition_number(blk.PXt, x_rtol)
+    px_rtol = max(T, D) * eps if x_rtol is None else x_rtol
+    sv_px = torch.linalg.svdvals(blk.PXt)
+    kappa_px = _kappa_from_values(sv_px, px_rtol)[0]
+    upper_bound = jacobian_upper_bound(sv_px, T, _qk_frobenius_squared(blk), px_rtol)
     kappa_lambda = softmax_jacobian_condition_number(blk.P[prep.query_valid])
     kappa_wq = pseudo_condition_number(W_q64)
     kappa_wk = pseudo_condition_number(W_k64)
@@ -542,6 +604,7 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
         kappa=kappa, lambda_max=lam_max, lambda_min=lam_min, n_below_tol=n_below, n_structural=n_structural,
         saturated=n_below > n_structural, rtol=float(rtol), method=method, n_rows=n_rows, n_cols=n_cols,
         kappa_px=kappa_px, kappa_p=kappa_p, kappa_x=kappa_x, kappa_lambda=kappa_lambda, kappa_wq=kappa_wq,
-        kappa_wk=kappa_wk, kappa_wv=kappa_wv, bound=bound, kappa_is_lower_bound=n_below > n_structural,
+        kappa_wk=kappa_wk, kappa_wv=kappa_wv, bound=bound, upper_bound=upper_bound,
+        kappa_is_lower_bound=n_below > n_structural,
         spectrum=lam if return_spectrum else None,
     )

@@ -1,6 +1,6 @@
 """Capture the real inputs of every attention block, and the model-level attention-Jacobian diagnostic.
 
-Paper: Saratchandran & Lucey, "Conditioned Initialization for Attention" (Figures 1 and 3); METHODS.md §6.
+Paper: Saratchandran & Lucey, "Conditioned Initialization for Attention" (Figures 1 and 3); docs/methods.md §6.
 For each layer and head, X is the real normalised input of the attention (the ``hidden_states`` argument of the
 layout's attention block: ``ln_1`` output in GPT-2, ``input_layernorm`` output in Llama, the layer input in
 post-LN BERT), the weights are the head's ``(W_Q, W_K, W_V)`` views of :mod:`hf_condinit.layouts` of the weights
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from ..attention.spectral import forward_weight
-from .jacobian import HeadCondition, head_condition_number
+from .jacobian import BOUND_NOTES, HeadCondition, head_condition_number
 
 __all__ = [
     "CAUSAL_MODEL_TYPES",
@@ -205,6 +205,12 @@ class LayerCondition:
         return self._agg([getattr(h, attr) for h in (heads or self.heads)], lambda v: sum(v) / len(v))
 
     @property
+    def upper_bound(self) -> float:
+        """Mean over heads of the proven ``upper_bound`` (≥ :attr:`mean`); ``nan`` when some head's does not apply."""
+        values = [h.upper_bound for h in self.heads]
+        return float("nan") if not values or any(map(math.isnan, values)) else sum(values) / len(values)
+
+    @property
     def n_saturated(self) -> int:
         return sum(h.saturated for h in self.heads)
 
@@ -216,7 +222,7 @@ class LayerCondition:
     def to_dict(self) -> dict:
         out = {
             "layer": self.layer, "name": self.name, "causal": self.causal, "scaling": self.scaling,
-            "mean": self.mean, "max": self.max, "bound": self.mean_of("bound"),
+            "mean": self.mean, "max": self.max, "bound": self.mean_of("bound"), "upper_bound": self.upper_bound,
             "kappa_px": self.mean_of("kappa_px"), "kappa_p": self.mean_of("kappa_p"),
             "n_saturated": self.n_saturated, "n_lower_bound": self.n_lower_bound,
             "heads": [{"head": h, **hc.to_dict()} for h, hc in zip(self.head_ids, self.heads)],
@@ -245,9 +251,9 @@ class ConditionReport:
         """Flat float metrics for ``trainer.log`` / ``report_to``.
 
         Keys, per measured layer ``i``: ``{prefix}/layer_{i}/mean`` and ``/max`` (κ over heads), ``/bound`` (mean over
-        heads of the surrogate bound), ``/kappa_px`` and ``/kappa_p`` (means over heads), ``/n_saturated``,
-        ``/n_lower_bound`` (heads whose κ is only a lower bound: the mean and max then are lower bounds too); with
-        ``include_unmasked``: ``/unmasked_mean`` and ``/unmasked_max``. Overall: ``{prefix}/mean`` (mean of the layer
+        heads of the papers' surrogate, not an upper bound), ``/kappa_px`` and ``/kappa_p`` (means over heads),
+        ``/n_saturated``, ``/n_lower_bound`` (heads whose κ is only a lower bound: the mean and max then are lower
+        bounds too); with ``include_unmasked``: ``/unmasked_mean`` and ``/unmasked_max``. Overall: ``{prefix}/mean`` (mean of the layer
         means), ``{prefix}/max`` (max over all heads) and ``{prefix}/seconds`` (cost of the measurement).
         """
         out: dict[str, float] = {}
@@ -266,30 +272,34 @@ class ConditionReport:
         return out
 
     def __repr__(self) -> str:
-        """A per-layer table (``print(report)``): heads measured, κ mean / max over heads, the mean surrogate bound,
-        mean κ(P) and κ(PX), and the heads whose κ is only a lower bound; a value marked ``≥`` is a lower bound.
-        The full per-head data: :meth:`to_dict`."""
+        """A per-layer table (``print(report)``): heads measured, κ mean / max over heads, the mean proven upper
+        bound (``κ ≤``; ``n/a`` where it does not apply), the mean papers' surrogate (not a bound), mean κ(P) and
+        κ(PX), and the heads whose κ is only a lower bound; a value marked ``≥`` is a lower bound. Notes under the
+        table say what the two bounds are (``hf_condinit.diagnostics.jacobian``). The full per-head data:
+        :meth:`to_dict`."""
 
         def num(value: float, lower_bound: bool = False) -> str:
             text = "nan" if math.isnan(value) else f"{value:.4g}"
             return ("≥" if lower_bound and not math.isnan(value) else "") + text
 
-        header = ("layer", "heads", "κ mean", "κ max", "bound", "κ(P)", "κ(PX)", "lower bounds")
+        header = ("layer", "heads", "κ mean", "κ max", "κ ≤", "surrogate", "κ(P)", "κ(PX)", "lower bounds")
         rows = [header]
         for lc in self.layers:
             bounded = lc.n_lower_bound > 0
-            rows.append((str(lc.layer), str(len(lc.heads)), num(lc.mean, bounded), num(lc.max, bounded),
+            upper = "n/a" if math.isnan(lc.upper_bound) else num(lc.upper_bound)
+            rows.append((str(lc.layer), str(len(lc.heads)), num(lc.mean, bounded), num(lc.max, bounded), upper,
                          num(lc.mean_of("bound")), num(lc.mean_of("kappa_p")), num(lc.mean_of("kappa_px")),
                          str(lc.n_lower_bound)))
         overall = self.to_log_dict()
         any_bounded = any(lc.n_lower_bound for lc in self.layers)
         rows.append(("all", str(sum(len(lc.heads) for lc in self.layers)), num(overall["kappa/mean"], any_bounded),
-                     num(overall["kappa/max"], any_bounded), "", "", "",
+                     num(overall["kappa/max"], any_bounded), "", "", "", "",
                      str(sum(lc.n_lower_bound for lc in self.layers))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = [f"ConditionReport({self.model_type or 'model'}, method={self.method!r}, probe {tuple(self.probe_shape)}, "
                  f"{self.seconds:.2f} s)"]
         lines += ["  " + "  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
+        lines += [f"  {line}" for line in BOUND_NOTES]
         if any_bounded:
             lines.append("  ≥: a lower bound (a head's κ hit the float64 resolution; the true value is larger)")
         return "\n".join(lines)

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .binomial import INTERVAL, accuracy_stats
+
 __all__ = [
     "PREFIXES",
     "MinimalPairItem",
@@ -51,6 +53,8 @@ __all__ = [
     "sentence_log_probs",
     "score_items",
     "summarize",
+    "summarize_recorded",
+    "tail_log_probs",
 ]
 
 PREFIXES = ("eos", "bos", "none")
@@ -168,7 +172,6 @@ def sentence_log_probs(model, tokenizer, sentences, *, batch_size: int = 64, pre
     ``torch.inference_mode`` (its training mode is restored afterwards) on ``device`` (default: where its
     parameters are; the model is not moved). Sentences longer than the model's context raise ``ValueError``."""
     first = prefix_token_id(tokenizer, prefix)
-    device = torch.device(device) if device is not None else _model_device(model)
     encoded = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
     ids = [([first] if first is not None else []) + list(e) for e in encoded]
     context = _context_length(model.config)
@@ -176,8 +179,23 @@ def sentence_log_probs(model, tokenizer, sentences, *, batch_size: int = 64, pre
     if context is not None and longest > context:
         raise ValueError(f"a sentence has {longest} tokens (with the prefix); the model's context is {context}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (first if first is not None else 0)
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: memory trouble shows at once
-    scores = torch.zeros(len(ids), dtype=torch.float64)
+    return tail_log_probs(model, ids, [max(len(x) - 1, 0) for x in ids], pad_id=pad_id, batch_size=batch_size,
+                          device=device, show_progress=show_progress, desc=desc)
+
+
+def tail_log_probs(model, sequences, n_scored, *, pad_id: int = 0, batch_size: int = 64, device=None,
+                   show_progress: bool = False, desc: str = "scoring") -> torch.Tensor:
+    """Sum of ``log p(token | earlier tokens)`` over the last ``n_scored[i]`` tokens of each token-id list
+    ``sequences[i]`` (``n_scored[i] <= len(sequences[i]) - 1``: the first token is never scored), as a float64
+    tensor of shape ``(len(sequences),)``; what :func:`sentence_log_probs` and the cloze scores
+    (:mod:`hf_condinit.evaluation.cloze`) are made of. Batching, padding, precision and the model's mode and device
+    as in the module docstring and :func:`sentence_log_probs`; ``pad_id`` fills the right padding (never seen by a
+    real token)."""
+    if len(n_scored) != len(sequences) or any(not 0 <= n < max(len(s), 1) for s, n in zip(sequences, n_scored)):
+        raise ValueError("n_scored: one count per sequence, at most its length minus one")
+    device = torch.device(device) if device is not None else _model_device(model)
+    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))  # longest first: memory trouble at once
+    scores = torch.zeros(len(sequences), dtype=torch.float64)
     starts = range(0, len(order), batch_size)
     if show_progress:
         from tqdm.auto import tqdm
@@ -188,20 +206,22 @@ def sentence_log_probs(model, tokenizer, sentences, *, batch_size: int = 64, pre
     try:
         with torch.inference_mode():
             for start in starts:
-                rows = order[start : start + batch_size]
-                width = max(len(ids[i]) for i in rows)
-                if width < 2:  # nothing to score: one token without a prefix
+                rows = [i for i in order[start : start + batch_size] if n_scored[i] > 0]
+                if not rows:  # nothing to score, e.g. one token without a prefix
                     continue
+                width = max(len(sequences[i]) for i in rows)
                 batch = torch.full((len(rows), width), pad_id, dtype=torch.long)
                 mask = torch.zeros((len(rows), width), dtype=torch.long)
+                scored = torch.zeros((len(rows), width - 1), dtype=torch.bool)  # scored[r, j]: token j + 1 counts
                 for r, i in enumerate(rows):
-                    batch[r, : len(ids[i])] = torch.tensor(ids[i])
-                    mask[r, : len(ids[i])] = 1
-                batch, mask = batch.to(device), mask.to(device)
+                    n = len(sequences[i])
+                    batch[r, :n] = torch.tensor(sequences[i])
+                    mask[r, :n] = 1
+                    scored[r, n - 1 - n_scored[i] : n - 1] = True
+                batch, mask, scored = batch.to(device), mask.to(device), scored.to(device)
                 logits = model(input_ids=batch, attention_mask=mask, use_cache=False).logits[:, :-1].float()
                 token_lp = torch.log_softmax(logits, dim=-1).gather(-1, batch[:, 1:, None])[..., 0]
-                token_lp = token_lp.masked_fill(mask[:, 1:] == 0, 0.0)
-                scores[rows] = token_lp.double().sum(dim=1).cpu()
+                scores[rows] = token_lp.masked_fill(~scored, 0.0).double().sum(dim=1).cpu()
     finally:
         model.train(was_training)
     return scores
@@ -225,19 +245,64 @@ def _accuracy(flags: list[bool]) -> float:
     return sum(flags) / len(flags) if flags else math.nan
 
 
+def _stats(rows: list[tuple[int, bool]]) -> dict:
+    """:func:`~hf_condinit.evaluation.binomial.accuracy_stats` of ``rows`` = [(number of choices, right)]: chance is
+    the mean over the items of 1 / (number of choices), 0.5 for minimal pairs."""
+    chance = sum(1 / k for k, _ in rows) / len(rows)
+    return accuracy_stats(sum(ok for _, ok in rows), len(rows), chance)
+
+
 def summarize(items, correct, name: str, prefix: str) -> dict:
-    """Accuracies (fractions in [0, 1]) of scored items, under keys named ``name``: ``<name>_accuracy`` (over all
-    items), ``<name>_field_accuracy`` ({group: accuracy}; items without a group left out; ``{}`` when none has one),
-    ``<name>_paradigm_accuracy`` ({paradigm: accuracy}), ``<name>_n_pairs`` (items scored) and ``<name>_prefix``."""
+    """Accuracies (fractions in [0, 1]) of scored items, under keys named ``name``:
+
+    - ``<name>_accuracy`` (over all items), ``<name>_field_accuracy`` ({group: accuracy}; items without a group left
+      out; ``{}`` when none has one), ``<name>_paradigm_accuracy`` ({paradigm: accuracy}), ``<name>_n_pairs``
+      (items scored), ``<name>_prefix``;
+    - with their binomial intervals (:mod:`hf_condinit.evaluation.binomial`: Wilson 95 %, ``<name>_interval``
+      names it): ``<name>_n_correct``, ``<name>_chance`` (0.5 for pairs), ``<name>_ci95`` ([low, high]),
+      ``<name>_vs_chance`` ("above" / "at" / "below"), ``<name>_at_chance`` (the interval contains chance), and per
+      group and per paradigm the same in ``<name>_field_stats`` / ``<name>_paradigm_stats`` ({key: {"n",
+      "correct", "accuracy", "ci95", "chance", "vs_chance", "at_chance"}}; per-paradigm flags are not corrected for
+      the number of paradigms)."""
     by_group, by_paradigm = defaultdict(list), defaultdict(list)
     for it, ok in zip(items, correct):
-        by_paradigm[it.paradigm].append(ok)
+        by_paradigm[it.paradigm].append((len(it.choices), bool(ok)))
         if it.group is not None:
-            by_group[it.group].append(ok)
-    return {
+            by_group[it.group].append((len(it.choices), bool(ok)))
+    overall = _stats([(len(it.choices), bool(ok)) for it, ok in zip(items, correct)]) if items else None
+    out = {
         f"{name}_accuracy": _accuracy(list(correct)),
-        f"{name}_field_accuracy": {g: _accuracy(v) for g, v in sorted(by_group.items())},
-        f"{name}_paradigm_accuracy": {p: _accuracy(v) for p, v in sorted(by_paradigm.items())},
+        f"{name}_field_accuracy": {g: _accuracy([ok for _, ok in v]) for g, v in sorted(by_group.items())},
+        f"{name}_paradigm_accuracy": {p: _accuracy([ok for _, ok in v]) for p, v in sorted(by_paradigm.items())},
         f"{name}_n_pairs": len(correct),
         f"{name}_prefix": prefix,
+        f"{name}_interval": INTERVAL,
+        f"{name}_field_stats": {g: _stats(v) for g, v in sorted(by_group.items())},
+        f"{name}_paradigm_stats": {p: _stats(v) for p, v in sorted(by_paradigm.items())},
     }
+    if overall is not None:
+        out[f"{name}_n_correct"] = overall["correct"]
+        out.update({f"{name}_{k}": overall[k] for k in ("chance", "ci95", "vs_chance", "at_chance")})
+    return out
+
+
+def summarize_recorded(recorded: dict, pairs: MinimalPairSet, name: str = "blimp") -> dict:
+    """:func:`summarize` (intervals included) rebuilt from a record that keeps only accuracies (``<name>_accuracy``
+    per paradigm, as the harness records made before the intervals do), given the item set ``pairs`` it was scored
+    on: each paradigm's count of right items is its accuracy × its number of items (an exact integer; checked).
+    Raises ``ValueError`` when the record's paradigms or counts do not fit ``pairs``."""
+    accuracies = recorded.get(f"{name}_paradigm_accuracy") or {}
+    by_paradigm = defaultdict(list)
+    for it in pairs.items:
+        by_paradigm[it.paradigm].append(it)
+    if set(accuracies) != set(by_paradigm) or recorded.get(f"{name}_n_pairs") != len(pairs):
+        raise ValueError(f"the record's {name} paradigms / pair count do not match the {len(pairs)} items of "
+                         f"{pairs.folder}")
+    items, correct = [], []
+    for paradigm, group in by_paradigm.items():
+        k = round(accuracies[paradigm] * len(group))
+        if abs(k / len(group) - accuracies[paradigm]) > 1e-9:
+            raise ValueError(f"{paradigm}: accuracy {accuracies[paradigm]} is no count out of {len(group)} items")
+        items += group
+        correct += [True] * k + [False] * (len(group) - k)
+    return summarize(items, correct, name, recorded.get(f"{name}_prefix", "eos"))

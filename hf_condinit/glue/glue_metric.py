@@ -7,7 +7,7 @@ Load it by path, never by name::
     metric = evaluate.load(GLUE_METRIC_PATH, "mrpc")      # or hf_condinit.glue.load_glue_metric("mrpc")
     metric.compute(predictions=[1, 0, 1], references=[1, 1, 1])
 
-Metrics per configuration (Wang et al. 2018, and the metric table of METHODS.md §7):
+Metrics per configuration (Wang et al. 2018, and the metric table of docs/methods.md §7):
     cola:                       matthews_correlation  (sklearn.metrics.matthews_corrcoef)
     stsb:                       pearson, spearmanr    (scipy.stats.pearsonr / spearmanr)
     mrpc, qqp:                  accuracy, f1          (f1 of the positive class, sklearn.metrics.f1_score)

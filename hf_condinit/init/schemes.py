@@ -2,7 +2,7 @@
 
 A scheme is ``fn(projs, geometry, cfg, generator) -> list[str]``: ``projs`` maps ``"q"/"k"/"v"/"o"`` to
 `Projection`s of one attention block, ``cfg`` is a `CondInitConfig`, ``generator`` the block's own generator. It
-overwrites only what METHODS.md names and returns the roles it wrote. It runs after the model's own init, so
+overwrites only what docs/methods.md names and returns the roles it wrote. It runs after the model's own init, so
 everything it does not touch keeps the architecture's default (e.g. GPT-2's 0.02/√(2L) residual W_O).
 
 Parameters flagged ``_is_hf_initialized`` (loaded by ``from_pretrained``) are never written: the caller
@@ -16,7 +16,7 @@ import torch
 from ..config import CondInitConfig
 from ..layouts.base import HeadGeometry, Projection
 from ..registry import register_scheme
-from .functional import mimetic_factors, mimetic_target, rect_identity_, semi_orthogonal_
+from .functional import factor_device, mimetic_factors, mimetic_target, rect_identity_, semi_orthogonal_heads_
 
 __all__ = ["default_scheme", "conditioned_scheme", "mimetic_scheme"]
 
@@ -27,31 +27,33 @@ def default_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitC
 
 
 def conditioned_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitConfig, generator) -> list[str]:
-    """Conditioned init (METHODS.md §1).
+    """Conditioned init (docs/methods.md §1).
 
     Q and K: an independent semi-orthogonal (D, d) block per head (per KV head for K), times ``qk_gain``; draws
     in the order Q heads then K heads. V: ``value_init="block"`` gives KV head j the identity block at rows
     [j·d, (j+1)·d) (mod D), ``"per_head"`` gives every head I_{D×d}; times ``v_gain``. q/k/v biases: zero.
     """
-    written = []
+    written, random_views = [], []
     for role in ("q", "k", "v"):
         proj = projs.get(role)
         if proj is None:
             continue
-        for j, view in enumerate(proj.heads(proj.weight)):
-            if role == "v":
+        views = proj.heads(proj.weight)
+        if role == "v":
+            for j, view in enumerate(views):
                 rect_identity_(view, row_offset=j * g.head_dim if cfg.value_init == "block" else 0, gain=cfg.v_gain)
-            else:
-                semi_orthogonal_(view, generator, gain=cfg.qk_gain)
+        else:
+            random_views += views
         if proj.bias is not None and not getattr(proj.bias, "_is_hf_initialized", False):
             for b in proj.bias_heads(proj.bias):
                 b.zero_()
         written.append(role)
+    semi_orthogonal_heads_(random_views, generator, gain=cfg.qk_gain)  # Q and K heads: one batched factorisation
     return written
 
 
 def mimetic_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitConfig, generator) -> list[str]:
-    """Mimetic init (Trockman & Kolter 2023; METHODS.md §2).
+    """Mimetic init (Trockman & Kolter 2023; docs/methods.md §2).
 
     Per query head h: A = α1·Z + β1·I, (L, R) = `mimetic_factors` (A, d), W_Q^h = L, W_K^h = Rᵀ, so W_Q^h W_K^hᵀ
     is A's best rank-d approximation. Under GQA a KV head's W_K comes from the first query head of its group as
@@ -61,36 +63,37 @@ def mimetic_scheme(projs: dict[str, Projection], g: HeadGeometry, cfg: CondInitC
     W_V^j = L[:, j·d:(j+1)·d]; query head h (group g(h), group size G) gets W_O^h = R[g·d:(g+1)·d] / G, so the
     expanded W_V W_O equals A2's best rank-(H_kv·d) approximation (exactly A2 when H_kv·d ≥ D). When d > D (or
     H_kv·d > D) the factors beyond rank D are zero. Draw order: Z for each query head, then the VO Z, whether
-    or not a pair is written; each head's target is factorised as soon as it is drawn (one D×D target in memory).
+    or not a pair is written; the QK targets of the block are factorised in one batched call (H D×D targets in
+    memory), on `factor_device`.
     Biases untouched. Needs all four roles; a block whose Q/K or V/O pair is partly loaded keeps the loaded pair
     and the other is skipped as a whole.
     """
     d, group = g.head_dim, g.n_heads // g.n_kv_heads
     kept = min(d, g.hidden)  # W_K's non-zero columns
-    write_qk = "q" in projs and "k" in projs
-    if write_qk:
-        q_views, k_views = projs["q"].heads(projs["q"].weight), projs["k"].heads(projs["k"].weight)
-    for h in range(g.n_heads):
-        target = mimetic_target(g.hidden, cfg.mimetic_alpha1, cfg.mimetic_beta1, 1, cfg.mimetic_dist, generator)
-        if not write_qk:
-            continue
-        if h % group == 0:  # the group's first head: its target's factors give W_K (and its own W_Q)
-            w_q, right = mimetic_factors(target, d)
-            w_k = right.t()
-            gram = w_k[:, :kept].t() @ w_k[:, :kept]
-        else:  # least squares against the shared W_K: min ‖W_Q W_Kᵀ − T_h‖_F (zero where W_K is)
-            w_q = torch.zeros_like(w_k)
-            w_q[:, :kept] = torch.linalg.solve(gram, w_k[:, :kept].t() @ target.t()).t()
-        with torch.no_grad():
-            q_views[h].copy_(w_q)
-            if h % group == 0:
-                k_views[h // group].copy_(w_k)
+    targets = torch.stack([mimetic_target(g.hidden, cfg.mimetic_alpha1, cfg.mimetic_beta1, 1, cfg.mimetic_dist,
+                                          generator) for _ in range(g.n_heads)])  # (H, D, D)
     vo_target = mimetic_target(
         g.hidden, cfg.mimetic_alpha2, cfg.mimetic_beta2, cfg.mimetic_vo_sign, cfg.mimetic_dist, generator
     )
-    written = ["q", "k"] if write_qk else []
+    written = []
+    if "q" in projs and "k" in projs:
+        targets = targets.to(factor_device(projs["q"].weight, g.hidden))
+        first_q, right = mimetic_factors(targets[::group], d)  # each KV group's first head: (H_kv, D, d), (H_kv, d, D)
+        w_k = right.mT
+        w_q = first_q.repeat_interleave(group, dim=0)
+        if group > 1:  # least squares against the shared W_K: min ‖W_Q W_Kᵀ − T_h‖_F (zero where W_K is)
+            shared = w_k[..., :kept].repeat_interleave(group, dim=0)  # (H, D, kept)
+            fit = torch.linalg.solve(shared.mT @ shared, shared.mT @ targets.mT).mT
+            fit[::group] = first_q[..., :kept]
+            w_q = torch.cat([fit, w_q[..., kept:]], dim=-1)
+        with torch.no_grad():
+            for view, w in zip(projs["q"].heads(projs["q"].weight), w_q):
+                view.copy_(w)
+            for view, w in zip(projs["k"].heads(projs["k"].weight), w_k):
+                view.copy_(w)
+        written += ["q", "k"]
     if "v" in projs and "o" in projs:
-        left, right = mimetic_factors(vo_target, g.n_kv_heads * d)
+        left, right = mimetic_factors(vo_target.to(factor_device(projs["v"].weight, g.hidden)), g.n_kv_heads * d)
         v_views, o_views = projs["v"].heads(projs["v"].weight), projs["o"].heads(projs["o"].weight)
         with torch.no_grad():
             for j, view in enumerate(v_views):

@@ -13,15 +13,20 @@ diagnostics only see `Projection.heads` views.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["HeadGeometry", "Projection", "AttentionLayout", "LayoutError"]
+__all__ = ["HeadGeometry", "Projection", "AttentionLayout", "LayoutError", "RUNTIME_VARIANT_CHECKS"]
 
 QKV_ROLES = ("q", "k", "v")
+
+#: The checks of `AttentionLayout.refuse_variant` that build models, ``check(layout, config, implementation)`` →
+#: the reason or None, in order. `hf_condinit.layouts.detect` (an implementation, which builds on this protocol)
+#: registers its own when the package is imported, so this module imports none.
+RUNTIME_VARIANT_CHECKS: list[Callable[..., str | None]] = []
 
 
 def _full_shape(t: torch.Tensor) -> torch.Size:
@@ -174,14 +179,14 @@ class AttentionLayout:
         """Why the attention variants (or the variant ``implementation``) cannot run on a model of this family with
         this config (None: they can).
 
-        The table's fixed reason comes first, then what the config says (logit softcapping, ALiBi), then the route the
-        *installed* transformers takes (:func:`.detect.installed_route_refusal`: the model class's
-        ``_supports_attention_backend`` flag, else the layout proof on a miniature of this config), since whether a
-        family computes attention inline changes between transformers versions (GPT-J / CodeGen: inline in 5.17,
-        through the attention interface in 5.25). For a detected family and a named ``implementation``, last, a
-        miniature of this config built with it must run a forward pass (:func:`.detect.variant_trial_refusal`: a
-        sub-model without the attention interface or without a layout, an attention module that takes its input
-        another way).
+        The table's fixed reason comes first, then what the config says (logit softcapping, ALiBi), then the checks
+        that build models (`RUNTIME_VARIANT_CHECKS`, registered by `hf_condinit.layouts.detect`): the route the
+        *installed* transformers takes (the model class's ``_supports_attention_backend`` flag, else the layout proof
+        on a miniature of this config), since whether a family computes attention inline changes between
+        transformers versions (GPT-J / CodeGen: inline in 5.17, through the attention interface in 5.25); for a
+        detected family and a named ``implementation``, a miniature of this config built with it must run a forward
+        pass (a sub-model without the attention interface or without a layout, an attention module that takes its
+        input another way).
         """
         if self.variant_refusal:
             return self.variant_refusal
@@ -193,12 +198,11 @@ class AttentionLayout:
         if getattr(text, "alibi", False) is True:
             return ("its ALiBi position bias reaches the attention function inside the attention mask, which the "
                     "variants read as visibility only")
-        from .detect import installed_route_refusal, variant_trial_refusal  # here: detect builds on this module
-
-        reason = installed_route_refusal(self, config)
-        if reason is None and implementation is not None and self.detected:
-            reason = variant_trial_refusal(config, implementation)
-        return reason
+        for check in RUNTIME_VARIANT_CHECKS:
+            reason = check(self, config, implementation)
+            if reason:
+                return reason
+        return None
 
     def check_variant(self, config, implementation: str) -> None:
         """Raise `LayoutError` (before any model work) when ``implementation`` cannot run on this family."""

@@ -1,6 +1,7 @@
 """Layouts for model types that are not in the table: detected from naming conventions, proved on a miniature.
 
-`detected_layout(model)` (called by `hf_condinit.layouts.get_layout` for an unregistered ``model_type``):
+`get_layout(model)` (re-exported as `hf_condinit.layouts.get_layout`) returns the registered layout of the model's
+``model_type``, else `detected_layout(model)`, which (an unexpected error becomes a `LayoutError` naming the type):
 
 1. refuses what has no per-head W_Q/W_K/W_V to condition, saying why: multi-head latent attention (MLA: a
    ``kv_lora_rank`` / ``q_lora_rank`` in the config, DeepSeek-V2/V3, MiniCPM3) and models without softmax
@@ -25,14 +26,15 @@ import torch
 import transformers
 from torch import nn
 
-from .base import AttentionLayout, LayoutError, text_scope
+from ..registry import LAYOUTS
+from .base import RUNTIME_VARIANT_CHECKS, AttentionLayout, LayoutError, text_scope
 from .fused import FusedQKVLayout
 from .miniature import build_miniature, miniature_inputs, shrink_config
 from .proof import LayoutProof, prove_layout
 from .separate import SeparateQKVLayout, storage_of
 
-__all__ = ["SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout", "refusal_reason",
-           "REGISTER_HINT", "proof_refusal", "installed_route_refusal", "variant_trial_refusal",
+__all__ = ["get_layout", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout",
+           "refusal_reason", "REGISTER_HINT", "proof_refusal", "installed_route_refusal", "variant_trial_refusal",
            "init_trial_refusal", "base_model_class"]
 
 SEPARATE_NAMES = (
@@ -188,7 +190,10 @@ def base_model_class(config) -> type | None:
     config without one (a sub-model's config such as AIMv2's text tower)."""
     from transformers import AutoModel
 
-    return AutoModel._model_mapping[type(config)] if type(config) in AutoModel._model_mapping else None
+    if type(config) not in AutoModel._model_mapping:
+        return None
+    found = AutoModel._model_mapping[type(config)]
+    return found[0] if isinstance(found, (tuple, list)) else found  # Funnel maps to (FunnelModel, FunnelBaseModel)
 
 
 def trial_accept(key: tuple, config, layout: AttentionLayout) -> str | None:
@@ -225,7 +230,6 @@ def _unwritten_block(model: nn.Module) -> str | None:
     block's first query head is semi-orthogonal): the layout matched attention that another sub-model initialises
     without the init (GIT's vision tower, when the layout is read there)."""
     from ..init.functional import semi_orthogonality_error  # here: hf_condinit.init builds on the layouts
-    from . import get_layout
 
     layout = get_layout(model)
     for name, block in layout.attention_modules(model):
@@ -360,3 +364,42 @@ def detected_layout(model_or_config) -> AttentionLayout:
     if layout is None:
         raise LayoutError(error)
     return layout
+
+
+def _runtime_variant_refusal(layout: AttentionLayout, config, implementation: str | None) -> str | None:
+    """`AttentionLayout.refuse_variant`'s checks that build models: `installed_route_refusal`, then, for a detected
+    family and a named ``implementation``, `variant_trial_refusal`."""
+    reason = installed_route_refusal(layout, config)
+    if reason is None and implementation is not None and layout.detected:
+        reason = variant_trial_refusal(config, implementation)
+    return reason
+
+
+RUNTIME_VARIANT_CHECKS.append(_runtime_variant_refusal)
+
+
+def get_layout(model_or_config) -> AttentionLayout:
+    """The layout adapter for a model (or config): the registered one for ``config.model_type``, else one detected
+    from the attention modules' names and proved on a miniature of the same model class (`detected_layout`).
+
+    Raises:
+        LayoutError: for a model type that is refused (MLA, no softmax attention) or whose layout could not be
+            proved, naming the model type, the reason and how to register a layout; an unexpected error inside
+            detection is refused the same way, naming it.
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    if model_type in LAYOUTS:
+        return LAYOUTS[model_type]
+    owner = type(model_or_config).__name__
+    try:
+        return detected_layout(model_or_config)
+    except LayoutError as err:
+        raise LayoutError(f"hf_condinit has no attention layout for {owner} (model_type={model_type!r}): {err}") \
+            from None
+    except Exception as err:  # a bug of detection or of the model: a refusal that says what failed
+        text = " ".join(str(err).split())[:400]
+        raise LayoutError(
+            f"hf_condinit has no attention layout for {owner} (model_type={model_type!r}): detecting it failed "
+            f"({type(err).__name__}: {text}). " + REGISTER_HINT.format(model_type=model_type)
+        ) from err

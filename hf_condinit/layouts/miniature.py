@@ -3,6 +3,9 @@
 Used to prove a detected layout before any weight of the real model is written (`hf_condinit.layouts.detect`) and
 by the coverage table (`hf_condinit.coverage`). What changes (in the config and every sub-config):
 
+- first, per-layer lists are fitted to the config's own layer count, as its model reads them (`_fit_layer_lists`: a
+  config shrunk by attribute keeps its full-length ``layer_types``), so the miniature is built from what the user's
+  model is, not refused by a validator;
 - layers → 2 (a per-layer list such as ``layer_types`` keeps its first entry and the first entry of another kind,
   so sliding/global and dense/linear mixes stay mixed);
 - width → 64, query heads → 4, head dimension → 16 where the config has one; key/value heads keep their relation
@@ -23,7 +26,7 @@ import inspect
 
 import torch
 
-__all__ = ["shrink_config", "miniature_inputs", "build_miniature"]
+__all__ = ["shrink_config", "shrink_by_attribute", "miniature_inputs", "build_miniature"]
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
                "num_decoder_layers", "num_encoder_layers")
@@ -37,6 +40,8 @@ _FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim
              "expert_intermediate_size", "dim_feedforward", "mlp_dim", "inner_hidden_size")
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "num_selected_experts")
+_PER_LAYER_SUFFIXES = ("layer_types", "attention_layers")  # per-layer lists (GPT-Neo's attention_layers)
+_INDEX_LIST_SUFFIXES = ("_idxs", "_layer_ids", "_layer_indices")  # lists of layer indices (LFM2's full_attn_idxs)
 _ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id", "mask_token_id",
             "decoder_start_token_id", "unk_token_id")
 
@@ -56,8 +61,28 @@ def _layer_pick(n_layers: int, types: list | None) -> list[int]:
     return list(range(min(LAYERS, n_layers)))
 
 
+def _fit_layer_lists(d: dict) -> dict:
+    """``d`` with its per-layer lists fitted to its own layer count, the way the model built from it reads them
+    (layer i takes entry i): a config shrunk by attribute (``cfg.num_hidden_layers = 2``) keeps, say, 32
+    ``layer_types``, which its model uses only the first 2 of, but which the config's validator refuses when the
+    dict is read back. Every list of the length of a ``*layer_types`` (or ``attention_layers``) list that differs
+    from the layer count is cut to it (or cycled up to it); lists of layer indices (``full_attn_idxs``) lose the
+    indices past it."""
+    n_layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > 0), None)
+    if n_layers is None:
+        return d
+    lengths = {len(v) for k, v in d.items() if k.endswith(_PER_LAYER_SUFFIXES) and isinstance(v, list) and v}
+    lengths.discard(n_layers)
+    for key, value in list(d.items()):
+        if isinstance(value, list) and value and len(value) in lengths:
+            d[key] = [value[i % len(value)] for i in range(n_layers)]
+        elif key.endswith(_INDEX_LIST_SUFFIXES) and isinstance(value, list) and all(_is_int(i) for i in value):
+            d[key] = [i for i in value if i < n_layers]
+    return d
+
+
 def _shrink_dict(d: dict) -> dict:
-    d = dict(d)
+    d = _fit_layer_lists(dict(d))
     n_layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > 0), None)
     if n_layers is not None and n_layers > LAYERS:
         keep = _layer_pick(n_layers, d.get("layer_types") if isinstance(d.get("layer_types"), list) else None)
@@ -137,6 +162,31 @@ def shrink_config(config):
     small = type(config).from_dict(d)
     small.condinit = None
     return small
+
+
+def shrink_by_attribute(config):
+    """``config`` shrunk the way a researcher does it by hand, in place, and returned: each top-level integer size
+    attribute (layers, width, heads, key/value heads (→ 2, or 1 for MQA), head dimension, feed-forward width,
+    experts) set to the miniature's value with ``setattr``, nothing else touched: per-layer lists such as
+    ``layer_types`` keep their full length, sub-configs their size and the vocabulary its size (its special token
+    ids stay valid). An attribute whose setter refuses (Funnel's
+    ``num_hidden_layers``) is left as it was. The plugin must take whatever config transformers builds from this
+    (`hf_condinit.layouts.detect` proves the layout on a miniature made consistent, `shrink_config`)."""
+    sizes = {**dict.fromkeys(_LAYER_KEYS, LAYERS), **dict.fromkeys(_WIDTH_KEYS, WIDTH),
+             **dict.fromkeys(_HEAD_KEYS, HEADS), **dict.fromkeys(_HEAD_DIM_KEYS, HEAD_DIM),
+             **dict.fromkeys(_FFN_KEYS, FFN), **dict.fromkeys(_EXPERT_KEYS, EXPERTS),
+             **dict.fromkeys(_TOPK_KEYS, TOPK)}
+    for key in _KV_KEYS:
+        kv = getattr(config, key, None)
+        if _is_int(kv) and kv > 0:
+            sizes[key] = 1 if kv == 1 else 2
+    for key, value in sizes.items():
+        if _is_int(getattr(config, key, None)) and getattr(config, key) > value:
+            try:
+                setattr(config, key, value)
+            except Exception:  # a computed attribute with a refusing setter: the researcher leaves it
+                pass
+    return config
 
 
 def build_miniature(model_class, config):

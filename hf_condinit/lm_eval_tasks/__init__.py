@@ -5,7 +5,7 @@ the JSONL files of a local folder (``--metadata '{"blimp_dir": DIR}'``, or the `
 environment variable) instead of downloading ``nyu-mll/blimp``. They score a sentence exactly as
 ``hf_condinit.zero_shot`` does with its default ``prefix="eos"``: empty context (lm-eval prepends its prefix token,
 the tokenizer's BOS, else EOS) and no space before the sentence (``target_delimiter: ""``; lm-eval's own ``blimp``
-tasks use ``" "``, so they score `` <sentence>``). See README, "Zero-shot evaluation".
+tasks use ``" "``, so they score `` <sentence>``). See docs/zero_shot.md.
 
     lm_eval --model hf --model_args pretrained=RUN_DIR --include_path $(python -m hf_condinit.lm_eval_tasks) \\
         --tasks blimp_local --metadata '{"blimp_dir": "../shared/data/blimp"}' --log_samples --output_path out

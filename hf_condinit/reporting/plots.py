@@ -155,9 +155,9 @@ def plot_kappa_layers(records: Sequence[KappaRecord], path: str, *, title: str |
 
 
 def kappa_layers_figure(records: Sequence[KappaRecord], *, title: str | None = None):
-    """κ(J) per layer vs step, log scale: left the mean over heads with the layer's bound dashed (same colour),
-    right the max over heads; a value that is only a lower bound is marked (module docstring). Raises
-    ``ValueError`` when no record has a finite positive κ."""
+    """κ(J) per layer vs step, log scale: left the mean over heads with the layer's papers' surrogate dashed (same
+    colour; not an upper bound, ``hf_condinit.diagnostics.jacobian``), right the max over heads; a value that is
+    only a lower bound is marked (module docstring). Raises ``ValueError`` when no record has a finite positive κ."""
     layers = sorted({lay for r in records for lay in r.layers})
     if not any(_usable(r.layers[lay][k], True) for r in records for lay in r.layers for k in ("mean", "max")):
         raise ValueError("no finite positive κ in the records")
@@ -176,7 +176,7 @@ def kappa_layers_figure(records: Sequence[KappaRecord], *, title: str | None = N
                 labelled[ax] = _mark_lower_bounds(ax, bounded, color, labelled[ax])
     if labelled[ax_max]:
         ax_max.legend(fontsize="small")
-    for ax, what in ((ax_mean, "mean over heads (dashed: bound)"), (ax_max, "max over heads")):
+    for ax, what in ((ax_mean, "mean over heads (dashed: surrogate, not a bound)"), (ax_max, "max over heads")):
         ax.set_yscale("log")
         ax.set(xlabel="step", ylabel="κ(J)", title=what)
         ax.grid(alpha=0.3, which="both")

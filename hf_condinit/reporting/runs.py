@@ -45,10 +45,11 @@ __all__ = [
 # A folder holding none of these is not the output folder of a run.
 RUN_MARKER_FILES = ("trainer_state.json", "all_results.json", "eval_results.json", "train_results.json")
 
-# Primary metric of a run, first present wins (LM runs, which report a perplexity, use eval_loss instead).
+# Primary metric of a run, first present wins (LM runs on text, which report a perplexity, use eval_loss instead;
+# the synthetic recall task reports a perplexity too, but is judged by its recall accuracy).
 _METRIC_PREFERENCE = (
-    "eval_accuracy", "eval_matthews_correlation", "eval_pearson", "eval_spearmanr", "eval_f1",
-    "eval_recall_accuracy", "eval_loss",
+    "eval_recall_accuracy", "eval_accuracy", "eval_matthews_correlation", "eval_pearson", "eval_spearmanr",
+    "eval_f1", "eval_loss",
 )  # fmt: skip
 
 # condinit keys that are not options of the method (shown separately or not at all).
@@ -245,10 +246,11 @@ def lower_is_better(metric: str) -> bool:
 
 
 def primary_metric(final_metrics: dict, log_history: list[dict]) -> str | None:
-    """The metric a run is judged by: ``eval_loss`` for LM runs (they report a ``perplexity``), else the first of
-    accuracy, Matthews correlation, Pearson, Spearman, F1, recall accuracy, loss that the run evaluated."""
+    """The metric a run is judged by: the synthetic task's recall accuracy, ``eval_loss`` for LM runs on text (they
+    report a ``perplexity``), else the first of accuracy, Matthews correlation, Pearson, Spearman, F1, loss that
+    the run evaluated."""
     available = set(final_metrics) | {k for e in log_history for k in e}
-    if "perplexity" in final_metrics and "eval_loss" in available:
+    if "perplexity" in final_metrics and "eval_loss" in available and "eval_recall_accuracy" not in available:
         return "eval_loss"
     return next((m for m in _METRIC_PREFERENCE if m in available), None)
 

@@ -1,5 +1,5 @@
 """The flags every script shares: :class:`CondInitArguments` (``--init`` / ``--attention`` / method options, 1:1 with
-:class:`hf_condinit.config.CondInitConfig`) and the default sets :data:`LM_TRAINING_DEFAULTS` (METHODS.md §7) and
+:class:`hf_condinit.config.CondInitConfig`) and the default sets :data:`LM_TRAINING_DEFAULTS` (docs/methods.md §7) and
 :data:`SCRIPT_DEFAULTS`."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
-from .errors import UsageError, user_errors
+from .errors import UsageError, did_you_mean, user_errors
 
 
-# METHODS.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
+# docs/methods.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
 # the hardware (pass --bf16 on GPUs that have it; the DeepSpeed configs use "auto").
 LM_TRAINING_DEFAULTS: dict[str, Any] = {
     "optim": "adamw_torch",
@@ -73,7 +73,7 @@ def known_attention_names() -> list[str]:
 class CondInitArguments:
     """Flags of the attention initialisation and variants; each option maps 1:1 to a ``CondInitConfig`` field.
 
-    Options left at ``None`` are not passed, so ``CondInitConfig``'s own defaults apply (METHODS.md §1-5).
+    Options left at ``None`` are not passed, so ``CondInitConfig``'s own defaults apply (docs/methods.md §1-5).
     """
 
     init: str = field(
@@ -139,17 +139,22 @@ class CondInitArguments:
         self.validate_names()
 
     def validate_names(self) -> None:
-        """Raise a :class:`UsageError` for an unknown ``--init`` or ``--attention`` name, listing the accepted ones
-        (aliases included: ``orthogonal`` = ``conditioned``)."""
+        """Raise a :class:`UsageError` for an unknown ``--init`` or ``--attention`` name, with the closest known one
+        and the accepted ones (aliases included: ``orthogonal`` = ``conditioned``)."""
         from hf_condinit.config import INIT_METHOD_ALIASES
 
         inits = known_init_names()
         if self.init not in inits and self.init not in INIT_METHOD_ALIASES:
             aliases = "".join(f", {a} (alias of {b})" for a, b in INIT_METHOD_ALIASES.items())
-            raise UsageError(f"unknown --init {self.init!r}; choose one of: {', '.join(inits)}{aliases}")
+            raise UsageError(f"unknown --init {self.init!r}{did_you_mean(self.init, [*inits, *INIT_METHOD_ALIASES])}; "
+                             f"choose one of: {', '.join(inits)}{aliases}")
         atts = known_attention_names()
+        if self.attention == "spectral":
+            raise UsageError("--attention spectral: spectral conditioning is not an attention implementation; pass "
+                             "--spectral_lambda λ (the paper's best: 10), with any --attention.")
         if self.attention not in atts:
-            raise UsageError(f"unknown --attention {self.attention!r}; choose one of: {', '.join(atts)}")
+            raise UsageError(f"unknown --attention {self.attention!r}{did_you_mean(self.attention, atts)}; choose one "
+                             f"of: {', '.join(atts)}")
 
     def condinit_dict(self, seed: int) -> dict[str, Any]:
         """The ``condinit=`` dict for ``from_config``: method, seed, and every option the user set.

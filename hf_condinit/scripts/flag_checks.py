@@ -1,4 +1,6 @@
-"""The range of every numeric flag the scripts accept, checked right after parsing, before any work.
+"""The flags' values checked right after parsing, before any work: the range of every numeric flag
+(:func:`check_numeric_flags`), every folder a run writes (:func:`check_written_folders`) and every local path it
+reads a model from (:func:`check_model_paths`).
 
 A value out of range would otherwise crash mid-run (``--learning_rate -0.001``: a torch traceback after the
 tokenizer was trained and saved; ``--per_device_train_batch_size 0``) or be taken silently (``--weight_decay -0.1``).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 from .errors import UsageError
@@ -150,3 +153,64 @@ def check_numeric_flags(parsed) -> None:
             rule = FLAG_RANGES.get(name)
             if rule is not None and not rule.allows(value):
                 raise UsageError(f"--{name} {value:g}: must be {rule.describe()}.")
+
+
+#: The flags naming a folder a script writes into (whichever dataclass holds them), checked before any work.
+WRITTEN_FOLDER_FLAGS = ("output_dir", "cache_dir")
+
+
+def check_writable_folder(path: str, flag: str) -> None:
+    """Raise a :class:`UsageError` (one line) when the run could not write into folder ``path``: ``path`` is a file
+    (or a dangling link), a file stands where one of its parent folders should be, or the folder (or, when it does
+    not exist yet, its deepest existing parent, where it will be created) is not writable. Creates nothing."""
+    full = os.path.abspath(path)
+    if os.path.lexists(full) and not os.path.isdir(full):
+        raise UsageError(f"{flag} {path} is a file, not a folder; pass a folder (it is created when missing).")
+    existing = full
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{flag} {path}: {existing} is a file, so the folder cannot be created there.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "is not writable" if existing == full else f"cannot be created: {existing} is not writable"
+        raise UsageError(f"{flag} {path} {where}; pass a folder you can write to.")
+
+
+def check_written_folders(parsed) -> None:
+    """:func:`check_writable_folder` on every :data:`WRITTEN_FOLDER_FLAGS` field set in the parsed dataclasses."""
+    for args in parsed:
+        for name in WRITTEN_FOLDER_FLAGS:
+            value = getattr(args, name, None)
+            if isinstance(value, str) and value:
+                check_writable_folder(value, f"--{name}")
+
+
+#: The flags naming a model or tokenizer to load: a local folder or a hub id.
+MODEL_PATH_FLAGS = ("model_name_or_path", "tokenizer_name")
+
+
+def looks_like_local_path(value: str) -> bool:
+    """Whether ``value`` can only be a local folder, not a hub id: it starts with ``/``, ``.`` or ``~``, holds a
+    backslash or more than one ``/``, is not a valid repo id (``huggingface_hub.utils.validate_repo_id``), or its
+    first component is a folder here (``runs/clm-x`` with ``runs/`` present)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if value.startswith(("/", ".", "~")) or "\\" in value or value.count("/") > 1:
+        return True
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return True
+    return "/" in value and os.path.isdir(value.split("/", 1)[0])
+
+
+def check_model_paths(parsed) -> None:
+    """Raise a :class:`UsageError` (one line) for a :data:`MODEL_PATH_FLAGS` value that names a local folder
+    (:func:`looks_like_local_path`) that does not exist, instead of transformers' "Repo id must be in the form"."""
+    for args in parsed:
+        for name in MODEL_PATH_FLAGS:
+            value = getattr(args, name, None)
+            if isinstance(value, str) and value and not os.path.exists(os.path.expanduser(value)) \
+                    and looks_like_local_path(value):
+                raise UsageError(f"--{name} {value}: no such folder; pass the folder of a saved model (a run's "
+                                 f"--output_dir) or a hub id such as org/name.")

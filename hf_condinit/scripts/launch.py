@@ -5,6 +5,11 @@ Launchers are told apart by the variables only they set: ``accelerate launch`` s
 multi-process launcher runs torchrun underneath, so it is checked first), DeepSpeed's ``launch.py`` sets
 ``LOCAL_SIZE``, torchrun ``TORCHELASTIC_RUN_ID``; ``srun`` without a launcher only ``SLURM_*``; otherwise the script
 was started by ``python``. ``run_clm.py --deepspeed`` without a launcher sets ``WORLD_SIZE=1`` itself: still ``python``.
+
+The line names the sharding engine: the DeepSpeed ZeRO stage (``--deepspeed``), or FSDP with its version, sharding
+and offload (``--fsdp`` / ``--fsdp_config`` of the Trainer, or ``accelerate launch`` with an FSDP config). accelerate
+(1.16) applies FSDP only on accelerators: on CPU (``--use_cpu``) the Trainer silently trains with DDP instead, which
+the line says, unless :func:`enable_cpu_fsdp` was called (FSDP2 over gloo: the CPU tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -70,10 +75,70 @@ def single_process_warning(env: Mapping[str, str] | None = None, asked: int | No
     return None
 
 
+def enable_cpu_fsdp() -> None:
+    """Let accelerate apply FSDP to CPU processes (gloo), as it does on accelerators; idempotent.
+
+    accelerate 1.16's ``AcceleratorState`` turns a ``fsdp_plugin`` into ``DistributedType.FSDP`` only for accelerator
+    types (``MULTI_GPU``, ``MULTI_XPU``, ...); with ``MULTI_CPU`` it drops the plugin and the Trainer wraps the model
+    in DDP. After this call a CPU group with a plugin becomes ``FSDP`` as well (torch's ``fully_shard`` supports CPU
+    meshes over gloo). Call it before the ``Trainer`` (its ``Accelerator``) is built."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if cpu_fsdp_enabled():
+        return
+    original = AcceleratorState.__init__
+
+    def __init__(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            # every later AcceleratorState() copies PartialState's shared state over its own: set both
+            PartialState._shared_state["distributed_type"] = self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+
+    __init__.cpu_fsdp = True
+    AcceleratorState.__init__ = __init__
+
+
+def cpu_fsdp_enabled() -> bool:
+    """Whether :func:`enable_cpu_fsdp` was called in this process."""
+    from accelerate.state import AcceleratorState
+
+    return getattr(AcceleratorState.__init__, "cpu_fsdp", False)
+
+
+def fsdp_summary(training_args, env: Mapping[str, str] | None = None) -> str | None:
+    """``"FSDP2 full_shard"`` (``shard_grad_op`` when parameters stay gathered after the forward, ``+ cpu offload``),
+    ``"FSDP1 <strategy>"``, from the Trainer's ``--fsdp`` / ``--fsdp_config`` (``training_args.fsdp_plugin_args``)
+    or else from the ``FSDP_*`` variables of ``accelerate launch`` with an FSDP config; ``None`` without FSDP."""
+    env = os.environ if env is None else env
+    plugin = getattr(training_args, "fsdp_plugin_args", None)
+    if plugin is None and str(env.get("ACCELERATE_USE_FSDP", "")).lower() in ("true", "1"):
+        version = env.get("FSDP_VERSION", "1")
+        plugin = {"fsdp_version": version, "cpu_offload": env.get("FSDP_OFFLOAD_PARAMS", "false"),
+                  "reshard_after_forward": env.get("FSDP_RESHARD_AFTER_FORWARD" if version == "2"
+                                                   else "FSDP_SHARDING_STRATEGY")}
+    if plugin is None:
+        return None
+    version = int(plugin.get("fsdp_version", 1) or 1)
+    reshard = plugin.get("reshard_after_forward")
+    if version == 2:
+        full = reshard is None or str(reshard).lower() in ("true", "1", "full_shard")
+        strategy = "full_shard" if full else "shard_grad_op"
+    else:
+        strategy = str(reshard or "full_shard").lower()
+    offload = str(plugin.get("cpu_offload", False)).lower() in ("true", "1")
+    return f"FSDP{version} {strategy}" + (" + cpu offload" if offload else "")
+
+
 def launch_summary(training_args, env: Mapping[str, str] | None = None) -> str:
     """``"launched by torchrun: world size 2, device cpu, DeepSpeed ZeRO-2"``: the launcher, the number of processes
     (``WORLD_SIZE``, 1 without one), this process's device type as the Trainer will choose it (CPU with
-    ``--use_cpu`` or without an accelerator) and the DeepSpeed ZeRO stage when ``--deepspeed`` is given."""
+    ``--use_cpu`` or without an accelerator) and the sharding engine: the DeepSpeed ZeRO stage when ``--deepspeed``
+    is given, FSDP's version and strategy (:func:`fsdp_summary`) when FSDP is, with ``(runs as DDP on cpu)`` where
+    accelerate will not apply it (CPU, and :func:`enable_cpu_fsdp` not called)."""
     from .machine import accelerator_name
 
     env = os.environ if env is None else env
@@ -84,6 +149,9 @@ def launch_summary(training_args, env: Mapping[str, str] | None = None) -> str:
         config = getattr(training_args, "hf_deepspeed_config", None)
         stage = config.get_value("zero_optimization.stage", 0) if config is not None else "?"
         parts.append(f"DeepSpeed ZeRO-{stage}")
+    fsdp = fsdp_summary(training_args, env)
+    if fsdp is not None:
+        parts.append(fsdp if device != "cpu" or cpu_fsdp_enabled() else f"{fsdp} (runs as DDP on cpu)")
     return f"launched by {launcher_name(env)}: " + ", ".join(parts)
 
 

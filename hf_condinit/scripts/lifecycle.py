@@ -7,6 +7,7 @@ import math
 import os
 
 from .errors import UsageError
+from .machine import machine_summary
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +73,24 @@ def select_splits(lm_datasets, training_args, max_train_samples: int | None = No
     return train_dataset, eval_dataset
 
 
+def throughput_context() -> dict:
+    """What a training throughput depends on beyond the run, recorded beside it in ``train_results.json``:
+    ``train_machine`` (:func:`.machine.machine_summary`), ``train_torch_threads`` (``torch.get_num_threads()``: set
+    ``OMP_NUM_THREADS`` to change it) and ``train_load_average`` (the 1-minute load average at the end of training,
+    POSIX only: other jobs on the machine slow the run down)."""
+    import torch
+
+    out = {"train_machine": machine_summary(), "train_torch_threads": torch.get_num_threads()}
+    if hasattr(os, "getloadavg"):
+        out["train_load_average"] = round(os.getloadavg()[0], 2)
+    return out
+
+
 def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_size: int | None = None) -> dict:
     """``trainer.train`` (resuming from ``resume_from_checkpoint`` when given), then save the model (and the
     tokenizer: the checkpoint is self-contained), the ``train`` metrics and the trainer state. With ``block_size``
-    (tokens per sample) the metrics gain ``train_tokens_per_second``. Returns the metrics.
+    (tokens per sample) the metrics gain ``train_tokens_per_second``; every run records the machine, thread count
+    and load its speed was measured under (:func:`throughput_context`). Returns the metrics.
 
     The run's report (``loss.png``, ``kappa.png``, model card ``README.md``) is written when training ends and the
     card refreshed after the script's final evaluation (``hf_condinit.callbacks.RunReportCallback``)."""
@@ -88,6 +103,7 @@ def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_si
     metrics["train_samples"] = len(train_dataset)
     if block_size and "train_samples_per_second" in metrics:
         metrics["train_tokens_per_second"] = round(metrics["train_samples_per_second"] * block_size, 1)
+    metrics.update(throughput_context())
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
     trainer.save_state()

@@ -1,4 +1,4 @@
-"""What the machine offers: :func:`has_accelerator` and the defaults that depend on it."""
+"""What the machine offers: :func:`has_accelerator`, :func:`machine_summary` and the defaults that depend on it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,27 @@ def accelerator_name() -> str | None:
         if backend is not None and getattr(backend, "is_available", lambda: False)():
             return name
     return None
+
+
+def machine_summary() -> str:
+    """The machine a throughput was measured on, in words: the accelerator's name (``"cuda NVIDIA H200"``), or the
+    CPU model and core count (``"cpu Intel(R) Xeon(R) ..., 2 cores"``)."""
+    import platform
+
+    import torch
+
+    accelerator = accelerator_name()
+    if accelerator == "cuda":
+        return f"cuda {torch.cuda.get_device_name()}"
+    if accelerator:
+        return accelerator
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu {model}, {os.cpu_count()} cores"
 
 
 def has_accelerator() -> bool:

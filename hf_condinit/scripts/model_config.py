@@ -6,6 +6,8 @@ import logging
 import os
 from typing import Any
 
+from .errors import did_you_mean
+
 logger = logging.getLogger(__name__)
 
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
@@ -30,7 +32,8 @@ def parse_config_overrides(text: str | None, reference_config) -> dict[str, Any]
             raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
         key, value = (s.strip() for s in item.split("=", 1))
         if not hasattr(reference_config, key):
-            raise ValueError(f"--config_overrides: {type(reference_config).__name__} has no attribute {key!r}.")
+            raise ValueError(f"--config_overrides: {type(reference_config).__name__} has no attribute {key!r}"
+                             f"{did_you_mean(key, reference_config.to_dict())}.")
         old = getattr(reference_config, key)
         if isinstance(old, bool):
             if value.lower() not in _TRUE + _FALSE:
@@ -75,7 +78,8 @@ def resolve_model_config(name: str, config_dir: str, config_overrides: str | Non
             config, path = AutoConfig.from_pretrained(name, cache_dir=cache_dir, token=token), name
         except (OSError, ValueError) as err:
             raise ValueError(
-                f"--model_config {name!r} is not a config in {config_dir} ({', '.join(local)}), not a local path, and "
+                f"--model_config {name!r}{did_you_mean(name, local)} is not a config in {config_dir} "
+                f"({', '.join(local)}), not a local path, and "
                 f"could not be loaded from the hub ({type(err).__name__}: {str(err).splitlines()[0]})"
             ) from err
     if config_overrides:

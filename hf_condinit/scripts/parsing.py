@@ -12,8 +12,8 @@ from typing import Any
 
 from .arguments import SCRIPT_DEFAULTS, CondInitArguments
 from .deepspeed_checks import check_deepspeed_file, validate_deepspeed_config
-from .errors import UsageError, user_errors
-from .flag_checks import check_numeric_flags
+from .errors import UsageError, did_you_mean, user_errors
+from .flag_checks import check_model_paths, check_numeric_flags, check_written_folders
 from .launch import report_launch
 from .logs import setup_logging
 from .machine import machine_defaults
@@ -140,9 +140,28 @@ def parse_args_with_defaults(parser, argv: list[str] | None, defaults: dict[str,
     if len(argv) == 1 and argv[0].endswith(".json"):
         with open(os.path.abspath(argv[0]), encoding="utf-8") as f:
             given = json.load(f)
+        unknown = [k for k in given if k not in fields]
+        if unknown:
+            raise UsageError(f"{argv[0]}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], sorted(fields))}; "
+                             f"see --help.")
         return parser.parse_dict({**defaults, **given})
     parser.set_defaults(**defaults)
-    return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    *parsed, remaining = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False,
+                                                            return_remaining_strings=True)
+    if remaining:
+        raise UsageError(unknown_argument_message(parser, remaining))
+    return tuple(parsed)
+
+
+def unknown_argument_message(parser, remaining: list[str]) -> str:
+    """The one-line error for what argparse left over: the first unknown flag with the closest known one
+    (``unknown flag --learnig_rate (did you mean --learning_rate?)``), or the first stray value."""
+    flags = [a for a in remaining if a.startswith("-")]
+    if not flags:
+        return f"unexpected argument {remaining[0]!r} (every value follows its --flag); see --help."
+    flag = flags[0].split("=", 1)[0]
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    return f"unknown flag {flag}{did_you_mean(flag, known, quote='')}; see --help."
 
 
 def parse_and_set_up(
@@ -156,8 +175,10 @@ def parse_and_set_up(
     """The start of every script: :func:`parse_script_args` (``argv``: ``sys.argv[1:]`` when ``None``; flags or one
     ``.json``) into ``dataclass_types`` (one of them :class:`CondInitArguments`, the last a ``TrainingArguments``),
     then: without ``--output_dir``, ``default_output_dir(output_prefix, ...)`` (``output_prefix`` may be a function
-    of the parsed tuple); the run modes (:func:`set_run_modes`: with no ``--do_*`` flag, train and evaluate;
-    ``run_modes``: the ones the script supports); the DeepSpeed config checked against the flags; logging set up;
+    of the parsed tuple); every folder the run writes (``--output_dir``, ``--cache_dir``) and every local model
+    path it reads (``--model_name_or_path``, ``--tokenizer_name``) checked (:mod:`.flag_checks`); the run modes
+    (:func:`set_run_modes`: with no ``--do_*`` flag, train and evaluate; ``run_modes``: the ones the script
+    supports); the DeepSpeed config checked against the flags; logging set up;
     the launch reported (:func:`hf_condinit.scripts.launch.report_launch`: launcher, world size, device, one line);
     the training arguments logged at info level. Raises :class:`UsageError` for every user error found.
 
@@ -172,6 +193,8 @@ def parse_and_set_up(
         prefix = output_prefix(parsed) if callable(output_prefix) else output_prefix
         model = next((getattr(a, "model_name_or_path") for a in parsed if hasattr(a, "model_name_or_path")), None)
         training_args.output_dir = default_output_dir(prefix, cond_args, model)
+    check_written_folders(parsed)
+    check_model_paths(parsed)
     set_run_modes(training_args, given, run_modes)
     if training_args.deepspeed:
         validate_deepspeed_config(training_args, cond_args)

@@ -1,5 +1,5 @@
 """Crammed BERT configuration (Geiping & Goldstein 2023, "Cramming: Training a Language Model on a Single GPU in One
-Day"; METHODS.md §7).
+Day"; docs/methods.md §7).
 
 The defaults are the paper's final recipe: 16 layers, 768 hidden, 12 heads, pre-LN, no biases in the encoder,
 GELU-GLU feed-forward, scaled sinusoidal positions + embedding LayerNorm, tied embeddings, sparse MLM loss, seq 128.

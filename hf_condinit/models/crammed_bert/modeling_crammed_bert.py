@@ -1,4 +1,4 @@
-"""Crammed BERT (Geiping & Goldstein 2023) as a plain Hugging Face model (METHODS.md §7).
+"""Crammed BERT (Geiping & Goldstein 2023) as a plain Hugging Face model (docs/methods.md §7).
 
 Architecture:
     x0 = LayerNorm(E[tok] + s · PE_sin[pos])                          (scaled sinusoidal positions, s learnable)
@@ -14,7 +14,7 @@ every registered implementation (``sdpa``, ``eager``, ``flex_attention``, and hf
 ``attention_sink``, ``preconditioned``) and its registered mask function apply, exactly as in ``modeling_bert.py``.
 
 The fused QKV projection is one ``nn.Linear(D, 3·D, bias=False)`` named ``query_key_value``, **interleaved per
-head** (METHODS.md §1): output rows ``[h·3d, h·3d + d)`` are q_h, ``[h·3d + d, h·3d + 2d)`` k_h and
+head** (docs/methods.md §1): output rows ``[h·3d, h·3d + d)`` are q_h, ``[h·3d + d, h·3d + 2d)`` k_h and
 ``[h·3d + 2d, (h+1)·3d)`` v_h — the GPT-NeoX storage convention, with the output projection named ``dense`` as in
 GPT-NeoX. The layout adapter ``InterleavedQKVLayout`` of hf_condinit reads it through these names.
 

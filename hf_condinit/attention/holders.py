@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .init.functional import block_identity
+from ..init.functional import block_identity
 
 __all__ = [
     "HOLDER_PREFIX",
@@ -114,7 +114,7 @@ def reduce_over_replicas(total: torch.Tensor, count: torch.Tensor, group=None) -
 
 
 class AffineScaledHolder(CondInitHolder):
-    """State of Affine-Scaled Attention for one attention module (METHODS.md §5).
+    """State of Affine-Scaled Attention for one attention module (docs/methods.md §5).
 
     Attributes:
         weight: W_a in ``nn.Linear`` orientation, shape (H, D); α(X) = clamp(0.1·X·weightᵀ + 0.5, 0, 1).
@@ -199,7 +199,7 @@ class AffineScaledHolder(CondInitHolder):
     def alpha_ma_for_forward(self, alpha: torch.Tensor, real: torch.Tensor | None, rho: float) -> torch.Tensor:
         """The α_ma this forward uses, (H,) fp32 and detached; a training forward then updates α_ma.
 
-        METHODS.md §5 order: the output uses α_ma as it stood *before* this batch; then, in training forward
+        docs/methods.md §5 order: the output uses α_ma as it stood *before* this batch; then, in training forward
         passes only (never in eval, never in the gradient-checkpointing re-forward),
         α_ma ← ρ·α_ma + (1 − ρ)·mean(α) over the real tokens. Under data parallelism the mean is over the real
         tokens of every replica's batch (`reduce_over_replicas`: sums and counts all-reduced, like SyncBatchNorm),
@@ -250,13 +250,13 @@ class AttentionSinkHolder(CondInitHolder):
 
 
 class SpectralHolder(CondInitHolder):
-    """The fixed spectral-conditioning matrix C of one projection module (METHODS.md §3).
+    """The fixed spectral-conditioning matrix C of one projection module (docs/methods.md §3).
 
     ``C`` has the shape (and storage convention) of the projection's ``weight``; a forward hook on the projection
     adds ``Projection.linear(x, C)`` to its output, so W_eff = W + C in the forward pass only (C is a buffer: no
     gradient, no weight decay, saved separately from W).
 
-    Modes: ``"identity"``: C = λ·E on each role's heads (E the block identity of METHODS.md §1, so C does not depend
+    Modes: ``"identity"``: C = λ·E on each role's heads (E the block identity of docs/methods.md §1, so C does not depend
     on W); ``"svd"``: per head, W_h = U S Vᵀ → C_h = σ_max(W_h)·U Vᵀ so that κ(W_h + C_h) ≤ 2 (λ is ignored; it only
     switches the method on). The svd mode reads the *current* weights: see ``reset_condinit_parameters``.
     """
@@ -304,8 +304,26 @@ class SpectralHolder(CondInitHolder):
 
     # forward hook of the projection module (registered by `inject`)
     def _add_spectral(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        """``output + x·C`` formed in fp32 (or wider) and rounded once to the output's dtype, autocast off: in a
+        bf16 / fp16 model (or under autocast) the projection's own ``x·W + b`` is upcast, ``x·C`` is computed in
+        fp32 from the same x, and only the sum is rounded (docs/methods.md §3, "bf16"). Summed in bf16, ``x·W + x·C``
+        would round twice; a merged ``W + C`` in bf16 would lose W where C is non-zero (spacing 0.0625 at λ = 10).
+
+        ``mode="identity"``: C = λ·E has at most one non-zero per output coordinate, so ``x·C`` is a gather,
+        ``x[..., idx]·c`` (idx, c read from C: its largest entry per output), exact and without a second matmul."""
         x = args[0]
-        return output + self._projections[0].linear(x, self.C.to(x.dtype))
+        acc = torch.promote_types(output.dtype, torch.float32)
+        projection = self._projections[0]
+        with torch.autocast(x.device.type, enabled=False):
+            C = self.C.to(acc)
+            if self.mode == "identity":
+                in_axis = 1 if projection.storage == "linear" else 0
+                idx = C.abs().argmax(dim=in_axis)  # (out,)
+                coef = C.gather(in_axis, idx.unsqueeze(in_axis)).squeeze(in_axis)
+                added = x.to(acc).index_select(-1, idx) * coef
+            else:
+                added = projection.linear(x.to(acc), C)
+        return (output.to(acc) + added).to(output.dtype)
 
     def extra_repr(self) -> str:
         return f"roles={self.roles!r}, lam={self.lam}, mode={self.mode!r}, shape={tuple(self.C.shape)}"

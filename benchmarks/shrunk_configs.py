@@ -1,0 +1,135 @@
+"""Never stricter than transformers: configs shrunk by attribute, with and without ``condinit=True``.
+
+``python benchmarks/shrunk_configs.py [--types a b ...] [--timeout 120] [--out FILE.jsonl]``: for every causal /
+masked LM model type of the installed transformers (or the ones given), shrinks the default config the way a
+researcher does by hand (`hf_condinit.layouts.miniature.shrink_by_attribute`: ``cfg.num_hidden_layers = 2``,
+``cfg.hidden_size = 64``, ... with per-layer lists such as ``layer_types`` left at full length), builds it with
+transformers alone (``from_config(cfg)``), then with ``condinit=True``. It prints one line per type and the count
+the plugin must keep at zero: types that transformers builds, that docs/coverage.md lists as supported, and that the
+plugin refuses. With ``--out`` it writes one JSON line per type there (nothing is written otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_PARAMETERS = 200_000_000  # a larger model is not built (the machine is shared; one type once took 22 GB)
+COVERAGE_TABLE = os.path.join(REPO_ROOT, "docs", "coverage.md")
+
+
+def lm_types() -> list[str]:
+    """The causal and masked LM model types of the installed transformers."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    return sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+
+
+def supported_in_table(path: str = COVERAGE_TABLE) -> set[str]:
+    """Model types whose docs/coverage.md row has both inits ``ok``."""
+    out = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            cells = [c.strip() for c in line.split("|")]
+            if len(cells) > 6 and cells[5] == "ok" and cells[6] == "ok":  # | type | class | layout | via | cond | mim
+                out.add(cells[1])
+    return out
+
+
+def probe(model_type: str) -> dict:
+    """``{"model_type", "transformers", "condinit"}``: each ``"ok"`` or ``"<ExceptionType>: <message>"``."""
+    from transformers import AutoConfig
+
+    from hf_condinit.coverage import _auto_class
+    from hf_condinit.layouts.miniature import shrink_by_attribute
+
+    row = {"model_type": model_type, "transformers": "", "condinit": ""}
+    try:
+        config = shrink_by_attribute(AutoConfig.for_model(model_type))
+        auto = _auto_class(config)
+        with torch.device("meta"):  # size first: some types stay large when shrunk by attribute (experts, vocab)
+            size = sum(p.numel() for p in auto.from_config(config).parameters())
+        if size > MAX_PARAMETERS:
+            row["transformers"] = f"skipped: {size / 1e6:.0f}M parameters when shrunk by attribute"
+            return row
+        torch.manual_seed(0)
+        auto.from_config(config)
+        row["transformers"] = "ok"
+    except Exception as err:
+        row["transformers"] = f"{type(err).__name__}: {_one_line(err)}"
+        return row
+    try:
+        torch.manual_seed(0)
+        auto.from_config(config, condinit=True)
+        row["condinit"] = "ok"
+    except Exception as err:
+        row["condinit"] = f"{type(err).__name__}: {_one_line(err)}"
+    return row
+
+
+def _one_line(err: BaseException, n: int = 300) -> str:
+    return re.sub(r"\s+", " ", str(err))[:n]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--types", nargs="+", help="model types (default: every causal / masked LM type)")
+    p.add_argument("--timeout", type=float, default=120, help="CPU seconds per type (0: no limit)")
+    p.add_argument("--out", help="write one JSON line per type to this file (default: write nothing)")
+    args = p.parse_args(argv)
+    types = args.types or lm_types()
+    unknown = sorted(set(types) - set(lm_types()))
+    if unknown:
+        print(f"error: not causal / masked LM types of this transformers: {' '.join(unknown)}", file=sys.stderr)
+        return 2
+    if args.out and os.path.isdir(args.out):
+        print(f"error: --out {args.out} is a folder; give a file name", file=sys.stderr)
+        return 2
+
+    import transformers
+
+    import hf_condinit  # noqa: F401
+    from hf_condinit.inertness import CpuTimeout, cpu_time_limit
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    supported = supported_in_table()
+    rows, start = [], time.perf_counter()
+    for model_type in types:
+        try:
+            with cpu_time_limit(args.timeout):
+                row = probe(model_type)
+        except CpuTimeout as err:
+            row = {"model_type": model_type, "transformers": f"timeout: {err}", "condinit": ""}
+        row["supported_in_table"] = model_type in supported
+        rows.append(row)
+        print(f"{model_type:32s} transformers: {row['transformers'][:60]:60s} condinit=True: {row['condinit'][:120]}",
+              flush=True)
+    built = [r for r in rows if r["transformers"] == "ok"]
+    accepted = [r for r in built if r["condinit"] == "ok"]
+    stricter = [r for r in built if r["condinit"] != "ok" and r["supported_in_table"]]
+    print(f"\n{len(rows)} causal / masked LM types; transformers builds {len(built)} shrunk by attribute; "
+          f"condinit=True accepted on {len(accepted)}, refused on {len(built) - len(accepted)}; "
+          f"supported in docs/coverage.md but refused (must be 0): {len(stricter)}"
+          f" {' '.join(r['model_type'] for r in stricter)}  ({time.perf_counter() - start:.0f} s)")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

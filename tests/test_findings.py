@@ -1,0 +1,46 @@
+"""README's "What we found" and docs/results.md's result tables are generated from the committed records
+(benchmarks/findings.py): regenerate them in memory and compare with the committed text."""
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+pytest.importorskip("scipy")
+import findings as F  # noqa: E402
+
+
+def test_committed_blocks_are_what_the_records_give():
+    for path, named in F.blocks().items():
+        with open(path, encoding="utf-8") as f:
+            committed = f.read()
+        for name, block in named.items():
+            i = committed.index(F.begin(name)) + len(F.begin(name))
+            got = committed[i:committed.index(F.end(name))]
+            assert got == "\n" + block.strip("\n") + "\n", (
+                f"{os.path.relpath(path, ROOT)} block {name!r} is stale: run python benchmarks/findings.py")
+
+
+def test_splice_replaces_only_the_block():
+    text = "a\n" + F.begin("x") + "\nold\n" + F.end("x") + "\nb\n"
+    assert F.splice(text, "x", "new") == "a\n" + F.begin("x") + "\nnew\n" + F.end("x") + "\nb\n"
+    with pytest.raises(ValueError):
+        F.splice("no markers", "x", "new")
+
+
+def test_headline_numbers_come_from_the_records():
+    """The default mode's perplexities in README's block are the committed records' means (computed here
+    without the harness's aggregation)."""
+    import glob
+    import json
+    import statistics
+
+    block = F.blocks()[F.README]["findings"]
+    for arm in ("default", "conditioned", "affine_scaled", "preconditioned"):
+        ppl = [json.load(open(p))["final_eval_ppl"]
+               for p in glob.glob(os.path.join(F.RESULTS, "compare", "runs", "base", arm, "seed*.json"))]
+        assert len(ppl) >= 2
+        assert f"{arm} {statistics.fmean(ppl):.2f} ± {statistics.stdev(ppl):.2f}" in block
+    assert "At CPU scale only" not in block
