@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
           f"differences: {by['different']}"
           f"{' (' + ' '.join(r.model_type for r in rows if r.status == 'different') + ')' if by['different'] else ''}"
           f"; nondeterministic plain builds: {by['nondeterministic']}; timeouts: {by['timeout']}; "
+          f"too large to build here: {by['too large']}; "
           f"save/reload exact in both modes: {exact}  ({time.perf_counter() - start:.0f} s)")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -24,7 +24,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAX_PARAMETERS = 200_000_000  # a larger model is not built (the machine is shared; one type once took 22 GB)
 COVERAGE_TABLE = os.path.join(REPO_ROOT, "docs", "coverage.md")
 
 
@@ -52,14 +51,14 @@ def probe(model_type: str) -> dict:
     from transformers import AutoConfig
 
     from hf_condinit.coverage import _auto_class
+    from hf_condinit.inertness import MAX_PARAMETERS, meta_parameter_count
     from hf_condinit.layouts.miniature import shrink_by_attribute
 
     row = {"model_type": model_type, "transformers": "", "condinit": ""}
     try:
         config = shrink_by_attribute(AutoConfig.for_model(model_type))
         auto = _auto_class(config)
-        with torch.device("meta"):  # size first: some types stay large when shrunk by attribute (experts, vocab)
-            size = sum(p.numel() for p in auto.from_config(config).parameters())
+        size = meta_parameter_count(lambda: auto.from_config(config))  # some stay large (experts, vocab)
         if size > MAX_PARAMETERS:
             row["transformers"] = f"skipped: {size / 1e6:.0f}M parameters when shrunk by attribute"
             return row

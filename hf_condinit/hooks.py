@@ -181,8 +181,10 @@ def _variant_on_language_model(config, kwargs: dict) -> dict:
     towers keep their default implementation (HF's per-sub-config ``attn_implementation`` dict, ``None`` = the
     default: SDPA where the tower supports it, else eager), so no holder is asked of a vision tower."""
     impl = kwargs.get("attn_implementation")
+    if not isinstance(impl, str) or impl not in ATTENTION_VARIANTS:
+        return kwargs  # nothing asked: the config is not even read (MusicGen's get_text_config() raises)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if not isinstance(impl, str) or impl not in ATTENTION_VARIANTS or text is config:
+    if text is config:
         return kwargs
     keys = [k for k in getattr(config, "sub_configs", {}) if getattr(config, k, None) is not None]
     text_keys = [k for k in keys if getattr(config, k) is text]

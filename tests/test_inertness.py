@@ -22,6 +22,13 @@ def test_hooks_leave_a_model_that_did_not_ask_unchanged(model_type):
     assert hooks.is_installed()
 
 
+def test_a_model_that_fails_in_transformers_fails_the_same_way_with_the_hooks():
+    """MusicGen's shrunk default config fails in transformers itself (AttributeError); the hooks once turned that into
+    a ValueError by reading its ambiguous text config though no variant was asked."""
+    result = check_inert("musicgen")
+    assert result.status == "not built" and result.detail.startswith("AttributeError"), result
+
+
 def test_a_wrapper_stricter_than_the_method_it_wraps_is_caught(monkeypatch):
     """The checker fails where it should: a wrapper with a fixed signature (as the hooks had) breaks HrmText."""
     name = "_check_and_adjust_attn_implementation"
