@@ -10,32 +10,27 @@ JSON line per type there (nothing is written otherwise).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import sys
-import time
 from collections import Counter
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import _per_type as P  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--types", nargs="+", help="model types (default: every model type of the installed transformers)")
-    p.add_argument("--timeout", type=float, default=120, help="CPU seconds per type (0: no limit)")
-    p.add_argument("--out", help="write one JSON line per type to this file (default: write nothing)")
-    args = p.parse_args(argv)
-    if args.out and os.path.isdir(args.out):
-        print(f"error: --out {args.out} is a folder; give a file name", file=sys.stderr)
+    args = P.parser(__doc__, "every model type of the installed transformers").parse_args(argv)
+    if P.out_is_folder(args.out):
         return 2
 
     import transformers
 
     import hf_condinit  # noqa: F401
-    from hf_condinit.inertness import CpuTimeout, Inertness, all_model_types, check_inert, cpu_time_limit
+    from hf_condinit.inertness import Inertness, all_model_types, check_inert
 
     known = all_model_types()
     unknown = sorted(set(args.types or ()) - set(known))
@@ -43,17 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: not model types of transformers {transformers.__version__}: {' '.join(unknown)}",
               file=sys.stderr)
         return 2
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    rows, start = [], time.perf_counter()
-    for model_type in args.types or known:
-        try:
-            with cpu_time_limit(args.timeout):
-                row = check_inert(model_type)
-        except CpuTimeout as err:
-            row = Inertness(model_type, "timeout", detail=str(err))
-        rows.append(row)
-        print(f"{model_type:36s} {row.status:16s} {row.detail[:100]}", flush=True)
+    rows, seconds = P.probe_each(
+        args.types or known, check_inert, lambda model_type, err: Inertness(model_type, "timeout", detail=str(err)),
+        lambda row: f"{row.model_type:36s} {row.status:16s} {row.detail[:100]}", args.timeout)
     by = Counter(r.status for r in rows)
     built = sum(by[s] for s in ("identical", "different", "nondeterministic"))
     exact = sum(r.round_trip is True for r in rows)
@@ -63,12 +50,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{' (' + ' '.join(r.model_type for r in rows if r.status == 'different') + ')' if by['different'] else ''}"
           f"; nondeterministic plain builds: {by['nondeterministic']}; timeouts: {by['timeout']}; "
           f"too large to build here: {by['too large']}; "
-          f"save/reload exact in both modes: {exact}  ({time.perf_counter() - start:.0f} s)")
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(dataclasses.asdict(row)) + "\n")
-        print(f"wrote {args.out}")
+          f"save/reload exact in both modes: {exact}  ({seconds:.0f} s)")
+    P.write_jsonl(args.out, [dataclasses.asdict(row) for row in rows])
     return 1 if by["different"] else 0
 
 

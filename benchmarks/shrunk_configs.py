@@ -11,16 +11,15 @@ plugin refuses. With ``--out`` it writes one JSON line per type there (nothing i
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import sys
-import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import _per_type as P  # noqa: E402
 import torch  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,51 +81,36 @@ def _one_line(err: BaseException, n: int = 300) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--types", nargs="+", help="model types (default: every causal / masked LM type)")
-    p.add_argument("--timeout", type=float, default=120, help="CPU seconds per type (0: no limit)")
-    p.add_argument("--out", help="write one JSON line per type to this file (default: write nothing)")
-    args = p.parse_args(argv)
+    args = P.parser(__doc__, "every causal / masked LM type").parse_args(argv)
     types = args.types or lm_types()
     unknown = sorted(set(types) - set(lm_types()))
     if unknown:
         print(f"error: not causal / masked LM types of this transformers: {' '.join(unknown)}", file=sys.stderr)
         return 2
-    if args.out and os.path.isdir(args.out):
-        print(f"error: --out {args.out} is a folder; give a file name", file=sys.stderr)
+    if P.out_is_folder(args.out):
         return 2
 
-    import transformers
-
     import hf_condinit  # noqa: F401
-    from hf_condinit.inertness import CpuTimeout, cpu_time_limit
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     supported = supported_in_table()
-    rows, start = [], time.perf_counter()
-    for model_type in types:
-        try:
-            with cpu_time_limit(args.timeout):
-                row = probe(model_type)
-        except CpuTimeout as err:
-            row = {"model_type": model_type, "transformers": f"timeout: {err}", "condinit": ""}
-        row["supported_in_table"] = model_type in supported
-        rows.append(row)
-        print(f"{model_type:32s} transformers: {row['transformers'][:60]:60s} condinit=True: {row['condinit'][:120]}",
-              flush=True)
+
+    def probe_row(model_type: str) -> dict:
+        return {**probe(model_type), "supported_in_table": model_type in supported}
+
+    rows, seconds = P.probe_each(
+        types, probe_row,
+        lambda model_type, err: {"model_type": model_type, "transformers": f"timeout: {err}", "condinit": "",
+                                 "supported_in_table": model_type in supported},
+        lambda row: f"{row['model_type']:32s} transformers: {row['transformers'][:60]:60s} "
+                    f"condinit=True: {row['condinit'][:120]}", args.timeout)
     built = [r for r in rows if r["transformers"] == "ok"]
     accepted = [r for r in built if r["condinit"] == "ok"]
     stricter = [r for r in built if r["condinit"] != "ok" and r["supported_in_table"]]
     print(f"\n{len(rows)} causal / masked LM types; transformers builds {len(built)} shrunk by attribute; "
           f"condinit=True accepted on {len(accepted)}, refused on {len(built) - len(accepted)}; "
           f"supported in docs/coverage.md but refused (must be 0): {len(stricter)}"
-          f" {' '.join(r['model_type'] for r in stricter)}  ({time.perf_counter() - start:.0f} s)")
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        print(f"wrote {args.out}")
+          f" {' '.join(r['model_type'] for r in stricter)}  ({seconds:.0f} s)")
+    P.write_jsonl(args.out, rows)
     return 0
 
 

@@ -85,15 +85,19 @@ def test_subspace_path_matches_exact_truncation(dim, rank, alpha, beta, sign, di
         torch.testing.assert_close(right.double() @ right.double().T, torch.diag(sigma), atol=1e-5, rtol=0)
 
 
-def test_near_degenerate_split_falls_back_to_float64():
-    """σ_r − σ_{r+1} = 1e-6: fp32 cannot tell the two directions apart, the estimate says so, float64 does."""
-    dim, rank = 64, 8
-    gen = torch.Generator().manual_seed(0)
+def _near_degenerate(dim: int, rank: int, gen: torch.Generator) -> torch.Tensor:
+    """A (dim, dim) fp32 matrix with σ_rank − σ_rank+1 = 1e-6 (0-based: s[rank] = s[rank − 1] − 1e-6)."""
     u, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
     v, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
     s = torch.linspace(2.0, 0.1, dim, dtype=torch.float64)
     s[rank] = s[rank - 1] - 1e-6
-    a = ((u * s) @ v.T).float()
+    return ((u * s) @ v.T).float()
+
+
+def test_near_degenerate_split_falls_back_to_float64():
+    """σ_r − σ_{r+1} = 1e-6: fp32 cannot tell the two directions apart, the estimate says so, float64 does."""
+    dim, rank = 64, 8
+    a = _near_degenerate(dim, rank, torch.Generator().manual_seed(0))
     left, right, precision = functional._top_singular_factors(a, rank)
     assert precision == torch.float64
     assert eckart_young_excess(a, left, right) <= TOL
@@ -224,12 +228,9 @@ def test_accelerated_subspace_path_is_batched_and_reruns_only_the_unsplit_target
     reruns in float64, the others keep their fp32 result; all meet the criterion."""
     dim, rank = 128, 16
     gen = torch.Generator().manual_seed(5)
-    u, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
-    s = torch.linspace(2.0, 0.1, dim, dtype=torch.float64)
-    s[rank] = s[rank - 1] - 1e-6
+    unsplit = _near_degenerate(dim, rank, gen)
     targets = [mimetic_target(dim, 0.7, 0.7, 1, "uniform", gen) for _ in range(3)]
-    batch = torch.stack(targets + [((u * s) @ v.T).float()])
+    batch = torch.stack(targets + [unsplit])
     left, right, precision = functional._top_singular_factors(batch, rank)
     assert precision == torch.float64 and left.shape == (4, dim, rank) and right.shape == (4, rank, dim)
     assert (eckart_young_excess(batch, left, right) <= TOL).all()
