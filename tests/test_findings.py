@@ -44,3 +44,22 @@ def test_headline_numbers_come_from_the_records():
         assert len(ppl) >= 2
         assert f"{arm} {statistics.fmean(ppl):.2f} ± {statistics.stdev(ppl):.2f}" in block
     assert "At CPU scale only" not in block
+
+
+def test_every_committed_run_record_says_where_and_from_what_it_ran():
+    """Device, and commit + command + library versions (``_common.provenance``); a record written before those
+    fields carries ``provenance_backfill`` (the commit that added it) instead."""
+    import glob
+    import json
+
+    paths = glob.glob(os.path.join(F.RESULTS, "**", "runs", "**", "*.json"), recursive=True)
+    assert len(paths) > 200
+    for path in paths:
+        with open(path) as f:
+            rec = json.load(f)
+        where = os.path.relpath(path, ROOT)
+        assert rec.get("device"), where
+        if "provenance_backfill" in rec:
+            assert len(rec["provenance_backfill"]["added_in_commit"]) == 40, where
+        else:
+            assert rec.get("commit") and rec.get("command") and rec.get("versions", {}).get("torch"), where
