@@ -484,7 +484,7 @@ def check_outputs(out: str | None, readme: str | None, force: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .scripts.errors import did_you_mean
+    from .names import did_you_mean
 
     parser = argparse.ArgumentParser(prog="python -m hf_condinit.coverage", description=__doc__.split("\n\n")[0])
     parser.add_argument("--types", nargs="*", help="model types to measure (default: every installed one)")

@@ -57,6 +57,7 @@ from . import api
 from .config import CondInitConfig, check_options_apply, resolve_condinit
 from .layouts import get_layout
 from .layouts.detect import base_model_class
+from .names import unknown_attention_error
 from .registry import ATTENTION_VARIANTS
 
 __all__ = ["install", "uninstall", "uninstalled", "is_installed", "FORWARD_OPTIONS"]
@@ -338,8 +339,6 @@ def _check_and_adjust_attn_implementation(self, *args, **kwargs):
     try:
         return _original(name)(*bound.args, **bound.kwargs)
     except ValueError as err:  # an unknown name: transformers' list plus hf_condinit's, and the closest
-        from .scripts.errors import unknown_attention_error
-
         explained = unknown_attention_error(attn_implementation, err)
         if explained is err:
             raise

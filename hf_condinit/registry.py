@@ -3,7 +3,8 @@
 Each maps a snake_case name to an object and refuses silent overwrites (peft's ``register`` convention):
 
 - ``LAYOUTS``: ``config.model_type`` → `AttentionLayout` instance (how a family stores q/k/v);
-- ``INIT_SCHEMES``: scheme name → ``fn(layout, module, geometry, cfg, generator)`` writing q/k/v (and o) in place;
+- ``INIT_SCHEMES``: scheme name → ``fn(projs, geometry, cfg, generator) -> written roles`` writing q/k/v (and o)
+  in place (`hf_condinit.init.schemes`);
 - ``ATTENTION_VARIANTS``: HF ``attn_implementation`` name → attention forward function.
 """
 
@@ -40,7 +41,7 @@ def register_layout(model_type: str, layout: Any, *, overwrite: bool = False) ->
 
 
 def register_scheme(name: str, fn: Callable[..., None], *, overwrite: bool = False) -> Callable[..., None]:
-    """Register an init scheme ``fn(layout, module, geometry, cfg, generator)``."""
+    """Register an init scheme ``fn(projs, geometry, cfg, generator) -> list[str]`` (`hf_condinit.init.schemes`)."""
     return _register(INIT_SCHEMES, "init scheme", name, fn, overwrite)
 
 

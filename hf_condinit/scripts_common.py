@@ -30,7 +30,8 @@ takes the default; for a ``.json`` argument file, the defaults are merged under 
 
 from __future__ import annotations
 
-from .scripts.arguments import LM_TRAINING_DEFAULTS, SCRIPT_DEFAULTS, CondInitArguments, known_attention_names, known_init_names
+from .names import known_attention_names, known_init_names
+from .scripts.arguments import LM_TRAINING_DEFAULTS, SCRIPT_DEFAULTS, CondInitArguments
 from .scripts.deepspeed_checks import check_deepspeed_file, validate_deepspeed_config
 from .scripts.errors import UsageError, run_main, user_errors
 from .scripts.flag_checks import FLAG_RANGES, check_numeric_flags

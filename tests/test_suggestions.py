@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401  (installs the hooks)
-from hf_condinit.scripts.errors import did_you_mean
+from hf_condinit.names import did_you_mean
 from hf_condinit.scripts.flag_checks import looks_like_local_path
 from hf_condinit.scripts_common import run_main
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
-from .errors import UsageError, did_you_mean, user_errors
+from ..names import did_you_mean, known_attention_names, known_init_names
+from .errors import UsageError, user_errors
 
 
 # docs/methods.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
@@ -29,44 +30,6 @@ LM_TRAINING_DEFAULTS: dict[str, Any] = {
 #: Defaults of every script (explicit flags win): a non-finite loss must reach the logs, where
 #: ``NonFiniteLossCallback`` stops the run (HF's default filter would replace it by the running mean).
 SCRIPT_DEFAULTS: dict[str, Any] = {"logging_nan_inf_filter": False}
-
-
-#: The attention implementations transformers has built in (no ``condinit_`` holder parameters).
-BUILTIN_ATTENTION = ("sdpa", "eager")
-
-
-def known_init_names() -> list[str]:
-    """Init scheme names: the registry's (``hf_condinit.registry.INIT_SCHEMES``) or the built-in three."""
-    names: list[str] = []
-    try:
-        import hf_condinit  # noqa: F401  (registers the schemes)
-        from hf_condinit.config import INIT_METHODS
-        from hf_condinit.registry import INIT_SCHEMES
-
-        names = list(dict.fromkeys([*INIT_METHODS, *INIT_SCHEMES]))
-    except ImportError:  # pragma: no cover - package partially installed
-        names = ["default", "mimetic", "conditioned"]
-    return names
-
-
-def known_attention_names() -> list[str]:
-    """Attention implementations accepted by ``--attention``: sdpa, eager, hf_condinit's variants and anything
-    registered with HF's ``AttentionInterface`` (flash_attention_2, flex_attention, ...)."""
-    names = list(BUILTIN_ATTENTION)
-    try:
-        import hf_condinit  # noqa: F401  (registers the variants)
-        from hf_condinit.registry import ATTENTION_VARIANTS
-
-        names += list(ATTENTION_VARIANTS)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from transformers import AttentionInterface
-
-        names += list(AttentionInterface._global_mapping)
-    except Exception:  # pragma: no cover - private attribute moved
-        pass
-    return list(dict.fromkeys(names))
 
 
 @dataclass

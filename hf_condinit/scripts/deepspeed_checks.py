@@ -6,7 +6,8 @@ import json
 import logging
 import os
 
-from .arguments import BUILTIN_ATTENTION, CondInitArguments
+from ..names import BUILTIN_ATTENTION
+from .arguments import CondInitArguments
 from .errors import UsageError
 
 logger = logging.getLogger(__name__)

@@ -1,17 +1,16 @@
-"""User errors of the scripts: :class:`UsageError`, :func:`user_errors`, :func:`run_main`, :func:`did_you_mean`.
+"""User errors of the scripts: :class:`UsageError`, :func:`user_errors`, :func:`run_main`.
 
 A user error (bad flag, missing or bad file, impossible combination) prints one line ``<script>: error: ...`` on
 stderr and exits 2, as argparse does; a real bug keeps its traceback. A misspelt name (a flag, a model type, an
-attention implementation) gets the closest known one in that line (:func:`did_you_mean`)."""
+attention implementation) gets the closest known one in that line (:func:`hf_condinit.names.did_you_mean`)."""
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 
 class UsageError(ValueError):
@@ -40,36 +39,6 @@ def user_errors(output_dir: str | None = None):
         if isinstance(err, UsageError):
             raise
         raise UsageError(str(err)) from err
-
-
-def did_you_mean(name: str, choices: Iterable[str], *, quote: str = "'") -> str:
-    """``" (did you mean 'x'?)"`` for the choice closest to ``name`` (``difflib`` similarity ≥ 0.6, compared as
-    given, then ignoring case and ``-`` / ``_``), else ``""``. Meant to be appended to an "unknown ..." message."""
-    choices = list(dict.fromkeys(choices))
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    if not close:
-        folded = {c.lower().replace("-", "_"): c for c in choices}  # case and dash/underscore slips
-        close = [folded[k] for k in difflib.get_close_matches(name.lower().replace("-", "_"), folded, n=1)]
-    if not close:
-        return ""
-    return f" (did you mean {quote}{close[0]}{quote}?)"
-
-
-def unknown_attention_error(name, err: ValueError) -> ValueError:
-    """transformers' error for an unknown ``attn_implementation`` (``err``) with what it leaves out: hf_condinit's
-    variants, how spectral conditioning is asked for (an init option, not an implementation) and the closest known
-    name. ``err`` itself when ``name`` is known or not a string (the error is about something else)."""
-    from ..registry import ATTENTION_VARIANTS
-    from .arguments import known_attention_names
-
-    names = known_attention_names()
-    if not isinstance(name, str) or name in names:
-        return err
-    hint = did_you_mean(name, [*names, "spectral"]).strip(" ()")
-    hint = "" if not hint or "'spectral'" in hint else " D" + hint[1:]
-    plugin = ", ".join(f'"{v}"' for v in ATTENTION_VARIANTS)
-    return ValueError(f"{str(err).rstrip('. ')}; hf_condinit adds {plugin} (spectral conditioning is not an attention "
-                      f"implementation: condinit={{'spectral_lambda': λ}}, with any of them).{hint}")
 
 
 def run_main(main: Callable, argv: list[str] | None = None, prog: str | None = None):

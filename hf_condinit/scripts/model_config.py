@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from .errors import did_you_mean
+from ..names import did_you_mean
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from .arguments import SCRIPT_DEFAULTS, CondInitArguments
 from .deepspeed_checks import check_deepspeed_file, validate_deepspeed_config
-from .errors import UsageError, did_you_mean, user_errors
+from ..names import did_you_mean
+from .errors import UsageError, user_errors
 from .flag_checks import check_model_paths, check_numeric_flags, check_written_folders
 from .launch import report_launch
 from .logs import setup_logging
