@@ -914,10 +914,14 @@ def device_name(model) -> str:
     return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else dev.type
 
 
+@functools.cache
 def provenance() -> dict:
     """What every new run record carries beside its ``device``: ``commit`` (``git rev-parse HEAD`` of the repo, with
     ``commit_dirty`` when tracked files differ from it; None outside a git checkout), ``command`` (this process's
-    command line) and ``versions`` (python, torch, transformers, datasets, accelerate)."""
+    command line) and ``versions`` (python, torch, transformers, datasets, accelerate).
+
+    Taken once per process: ``compare.py``'s ``main`` calls it first, so a record names the code its process loaded,
+    not a commit made while it trained."""
     import importlib.metadata
     import platform
     import subprocess

@@ -656,6 +656,7 @@ def report(args, out: str, settings: dict) -> dict:
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
+    C.provenance()  # the code this process loaded, before any commit made while it trains
     if "--task=vision" in argv or any(a == "--task" and b == "vision" for a, b in zip(argv, argv[1:])):
         import _vision  # ViT on CIFAR-10 (issue 12): its own flags, see benchmarks/_vision.py
 
