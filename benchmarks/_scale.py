@@ -98,7 +98,7 @@ class ScalePlan:
         return len(self.sizes) // 2
 
 
-FULL = ScalePlan(sizes=((2, 32, 1), (2, 64, 2), (2, 96, 3)), seeds=(2, 3, 3), main_tpp=20.0, length_tpps=(1.0, 5.0),
+FULL = ScalePlan(sizes=((2, 32, 1), (2, 64, 2), (2, 96, 3)), seeds=(2, 3, 5), main_tpp=20.0, length_tpps=(1.0, 5.0),
                  length_seeds=3, lrs=(1e-3, 3e-3, 1e-2), shared_lr=3e-3, lr_seeds=2, lr_tpp=5.0, arms=tuple(ARMS),
                  batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16, final_eval_blocks=64)
 QUICK = ScalePlan(sizes=((1, 16, 2), (1, 32, 4), (2, 32, 4)), seeds=(1, 2, 1), main_tpp=0.25, length_tpps=(0.1,),
