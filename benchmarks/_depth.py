@@ -13,9 +13,10 @@ Plan (:data:`FULL`; :func:`plan`), in this order:
    at the half-decade rates ``grid_lrs`` (1e-3, 3e-3, 1e-2, 3e-2). When an arm's best rate (lowest WikiText-2 valid
    loss) is the lowest or the highest it was tried at, the next half-decade of :attr:`DepthPlan.ladder` beyond it is
    added for that arm (:func:`grid_state`), until its best is inside or the ladder ends (said in the report).
-2. **Depth sweep**: depths ``depths`` (2, 4, 8) × arms × seeds ``seeds`` (0-1 at depth 2; 0-2 at depths 4 and 8)
+2. **Depth sweep**: depths ``depths`` (2, 4, 8) × arms × seeds ``seeds`` (0-1 at depth 2; 0-2 at depth 4;
+   0-4 at depth 8, issue 28)
    at ``main_tpp`` (20) tokens per parameter, each arm at *its own* best rate of the grid; seed 0 of every depth
-   first (shallowest first, default first), then seed 1, then seed 2. An arm's depth runs enter the plan when its
+   first (shallowest first, default first), then seed 1, and so on. An arm's depth runs enter the plan when its
    grid is decided, so a worker never waits while there is a decided run to do.
 3. **Same-rate check** at depth ``rate_check_depth`` (8): default also at every other arm's best rate (same seeds),
    so that an arm's gap there can be read at one rate for both (is a win the init, or only the rate the grid gave
