@@ -258,11 +258,7 @@ def run_path(out: str, spec) -> str:
 
 def trainer_dir(out: str, spec) -> str:
     """The run's Trainer output folder (``config.json``, ``trainer_state.json``, ``eval_results.json``, ...)."""
-    return _trainer_dir(out, spec.setting, spec.arm, spec.seed)
-
-
-def _trainer_dir(out: str, setting: str, arm: str, seed: int) -> str:
-    return os.path.join(out, "trainer", setting, arm.replace("+", "_plus_"), f"seed{seed}")
+    return os.path.join(out, "trainer", spec.setting, spec.arm.replace("+", "_plus_"), f"seed{spec.seed}")
 
 
 def add_missing_eval_files(path: str, run_dir: str, eval_sets: dict, eval_info: dict) -> None:
@@ -536,15 +532,16 @@ def plots(results: dict, out: str, groups: list) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hf_condinit.compare import plot_eval_curves, plot_kappa
+    from hf_condinit.compare import RunGroup, plot_eval_curves, plot_kappa
 
     written = []
     colors = {a: plt.cm.tab10(i) for i, a in enumerate(C.ARMS)}
     base = results["settings"].get("base")
     if groups:
         written.append(plot_eval_curves(groups, os.path.join(out, "loss.png"), metric="eval_loss"))
-        if any(r.kappa for g in groups for r in g.runs):
-            written.append(plot_kappa(groups, os.path.join(out, "kappa.png")))
+        measured = [RunGroup(g.label, [r for r in g.runs if r.kappa]) for g in groups]  # κ: the seeds that measured it
+        if any(g.runs for g in measured):
+            written.append(plot_kappa([g for g in measured if g.runs], os.path.join(out, "kappa.png")))
     sweep = [(k, v) for k, v in results["settings"].items() if k != "base"]
     if sweep:
         n = len(sweep)
@@ -574,25 +571,29 @@ def plots(results: dict, out: str, groups: list) -> list[str]:
     return written
 
 
-def base_groups(out: str, recs: list[dict]) -> list:
-    """One ``hf_condinit.compare.RunGroup`` per arm (its seeds' Trainer folders, read with ``load_run``), in arm
-    order: what the figures are drawn from. Records whose Trainer folder is not here (runs trained on another
-    machine: only the records travel) are left out of the figures, counted in one line on stderr; the tables come
-    from the records."""
-    from hf_condinit.compare import RunGroup, load_run
+def base_groups(recs: list[dict]) -> list:
+    """One ``hf_condinit.compare.RunGroup`` per arm, in arm order, built from the committed records (so the figures
+    come from what is committed, whatever machine each run trained on): :func:`run_from_record`."""
+    from hf_condinit.compare import RunGroup
 
     by_arm: dict[str, list] = {}
-    missing = 0
     for r in sorted(recs, key=lambda r: r["seed"]):
-        folder = _trainer_dir(out, r["setting"], r["arm"], r["seed"])
-        if not os.path.isdir(folder):
-            missing += 1
-            continue
-        by_arm.setdefault(r["arm"], []).append(load_run(folder))
-    if missing:
-        print(f"[compare] {missing} of {len(recs)} base runs have no Trainer folder here: left out of the figures "
-              "(the tables are complete)", file=sys.stderr)
+        by_arm.setdefault(r["arm"], []).append(run_from_record(r))
     return [RunGroup(arm, by_arm[arm]) for arm in arm_order(by_arm)]
+
+
+def run_from_record(rec: dict):
+    """A ``hf_condinit.reporting.runs.RunSummary`` of one run record: its eval curve (``eval_loss`` by step), its
+    κ(J) measurements (layer mean and max; a measurement with saturated heads is a lower bound), its recipe."""
+    from hf_condinit.reporting.runs import KappaRecord, RunSummary
+
+    kappa = [KappaRecord(step=k["step"], mean=k["mean"], max=k["max"], n_lower_bound=k.get("n_saturated", 0))
+             for k in rec.get("kappa") or []]
+    return RunSummary(path=rec.get("run_dir", ""), name=f"{rec['arm']}/seed{rec['seed']}", condinit=rec["condinit"],
+                      attention=None, recipe=rec["recipe"], log_history=[{"step": s, "eval_loss": v}
+                                                                         for s, v in rec["eval_curve"]],
+                      final_metrics={}, kappa=kappa, tokens_per_second=rec.get("tokens_per_s"),
+                      global_step=rec["steps"])
 
 
 def collect(out: str) -> tuple[dict, list]:
@@ -645,7 +646,7 @@ def report(args, out: str, settings: dict) -> dict:
     md = markdown(results)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(md)
-    written = plots(results, out, base_groups(out, base_recs))
+    written = plots(results, out, base_groups(base_recs))
     if args.copy_plots:
         os.makedirs(args.copy_plots, exist_ok=True)
         for p in written:

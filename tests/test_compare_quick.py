@@ -89,7 +89,7 @@ def assert_blimp_matches(rec: dict, tokenizer, folder: str) -> None:
     assert abs(rec["blimp"]["blimp_accuracy"] - sum(wins) / len(wins)) <= near_ties / len(wins) + 1e-12
 
 
-def test_compare_quick(tmp_path, capsys):
+def test_compare_quick(tmp_path):
     compare = _load_compare()
     out = tmp_path / "quick"
     blimp = blimp_subset(tmp_path)
@@ -164,15 +164,22 @@ def test_compare_quick(tmp_path, capsys):
     row = next(line for line in (out / "results.md").read_text().splitlines() if line.startswith("| conditioned |"))
     assert "| – ± – | – |" in row  # BLiMP mean ± std, then the paired Δ BLiMP cell
 
-    # runs trained on another machine come back as records only: the tables are rebuilt from them, the figures
-    # leave those runs out (said on stderr)
+    # runs trained on another machine come back as records only: tables and figures are rebuilt from them
     import shutil
 
     shutil.rmtree(out / "trainer")
-    capsys.readouterr()
+    for name in ("loss.png", "kappa.png"):
+        (out / name).unlink()
     again = compare.main(argv + ["--report-only"])
-    assert "2 of 2 base runs have no Trainer folder here" in capsys.readouterr().err
     assert again["settings"]["base"]["arms"]["default"]["ppl_mean"] == arms["default"]["ppl_mean"]
+    for name in ("loss.png", "kappa.png"):
+        assert (out / name).stat().st_size > 0, name
+    groups = compare.base_groups([recs["default"], recs["conditioned"]])
+    assert [g.label for g in groups] == ["default", "conditioned"]
+    run = groups[0].runs[0]
+    assert run.eval_curve("eval_loss") == ([s for s, _ in recs["default"]["eval_curve"]],
+                                           [v for _, v in recs["default"]["eval_curve"]])
+    assert [k.step for k in run.kappa] == [0, 20]
 
 
 def _story_files(tmp_path, n_files: int = 2) -> list:
