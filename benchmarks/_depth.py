@@ -39,6 +39,7 @@ printed before training (training, evaluation and BLiMP forward tokens; κ and t
     python benchmarks/compare.py --depth-sweep --report-only                # tables / plots from finished runs
     python benchmarks/compare.py --depth-sweep --depths 8 --device cuda     # one machine's share: depth 8 on a GPU
     python benchmarks/compare.py --depth-sweep --grid-depths 8 --depths 8 --device cuda   # + an own LR grid at depth 8
+    python benchmarks/compare.py --depth-sweep --depths 8 --train-arms default conditioned   # the headline's runs first
 
 ``--grid-depths D``: an own LR grid at depth D (:attr:`DepthPlan.own_grid_depths`: every arm at ``grid_lrs`` at
 ``main_tpp``, seed 0, extended along the ladder like the depth-4 grid); the arms' runs at depth D then use that
@@ -759,6 +760,10 @@ def run(args) -> dict:
     if not mine <= set(p.depths):
         fail(f"--depths {' '.join(map(str, sorted(mine - set(p.depths))))}: not in the plan; choose from "
              f"{' '.join(map(str, p.depths))}")
+    arms = set(args.train_arms or p.arms)
+    if not arms <= set(p.arms):
+        fail(f"--train-arms {' '.join(sorted(arms - set(p.arms)))}: not an arm of the plan; choose from "
+             f"{' '.join(p.arms)}")
     blimp = C.blimp_dir_for(args, "depth")
     data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
@@ -777,7 +782,7 @@ def run(args) -> dict:
         runs = plan(p, state, states=states)
         C.add_missing_blimp([paths(r) for r in runs if _finished_record(out, r) is not None], data.tokenizer, blimp,
                             "depth", data)
-        todo = [r for r in runs if r.n_layer in mine and _finished_record(out, r) is None
+        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and _finished_record(out, r) is None
                 and not _locked(paths(r)[0])]
         if todo:
             C.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)

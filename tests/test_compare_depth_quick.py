@@ -33,7 +33,7 @@ def test_full_plan_depths_rates_seeds_order():
     p = D.FULL
     labels = ["default", "conditioned", "conditioned_v0.25", "mimetic", "affine_scaled"]
     assert list(p.arms) == labels and p.width == 64 and p.width // p.n_head == 32
-    assert p.depths == (2, 4, 8) and dict(zip(p.depths, p.seeds)) == {2: 2, 4: 3, 8: 3} and p.main_tpp == 20.0
+    assert p.depths == (2, 4, 8) and dict(zip(p.depths, p.seeds)) == {2: 2, 4: 3, 8: 5} and p.main_tpp == 20.0
     # the grid: depth 4, 5 tokens per parameter, half-decades 1e-3 ... 3e-2 (each step ~ x sqrt(10)), inside the ladder
     assert (p.grid_depth, p.grid_tpp) == (4, 5.0) and p.grid_lrs == (1e-3, 3e-3, 1e-2, 3e-2)
     ratios = [b / a for a, b in zip(p.ladder, p.ladder[1:])]
@@ -48,15 +48,15 @@ def test_full_plan_depths_rates_seeds_order():
         assert (r.n_layer, r.n_embd, r.n_head, r.tokens_per_param) == (4, 64, 2, 5.0) and r.kappa_at == (0.0, 1.0)
         assert r.steps == math.ceil(5.0 * _non_embedding(4, 64) / (r.batch_size * r.block_size))
     # the estimate covers the undecided arms' depth runs (placeholder rate)
-    assert len(D.plan(p, undecided, placeholder=True)) == len(grid) + len(labels) * 8
+    assert len(D.plan(p, undecided, placeholder=True)) == len(grid) + len(labels) * 10
     # decided: each arm's depth runs at its own rate; seed 0 of every depth before seed 1; default before its arm;
     # then, at depth 8, default at each other arm's best rate (1e-2 is default's own: 3e-3 and 3e-2), every seed
     best = dict(zip(labels, [1e-2, 3e-3, 1e-2, 3e-2, 3e-3]))
     runs = D.plan(p, _decided(D, p, best))[len(grid):]
-    runs, checks = runs[:len(labels) * 8], runs[len(labels) * 8:]
+    runs, checks = runs[:len(labels) * 10], runs[len(labels) * 10:]
     assert D.rate_check_lrs(p, _decided(D, p, best)) == [3e-3, 3e-2]
     assert sorted((r.extra["label"], r.n_layer, r.lr, r.seed) for r in checks) == [
-        ("default", 8, lr, s) for lr in (3e-3, 3e-2) for s in range(3)]
+        ("default", 8, lr, s) for lr in (3e-3, 3e-2) for s in range(5)]
     assert all(r.tokens_per_param == 20.0 and r.v_gain is None for r in checks)
     assert D.rate_check_lrs(p, _decided(D, p, {a: 3e-3 for a in labels[1:]})) == []  # default undecided
     for r in runs:
@@ -65,10 +65,11 @@ def test_full_plan_depths_rates_seeds_order():
         assert r.arm == {"conditioned_v0.25": "conditioned"}.get(label, label)
         assert r.v_gain == (0.25 if label == "conditioned_v0.25" else None)
         assert r.steps == math.ceil(20.0 * _non_embedding(r.n_layer, 64) / (r.batch_size * r.block_size))
-    assert {(r.n_layer, r.seed) for r in runs} == {(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (8, 0), (8, 1), (8, 2)}
+    assert {(r.n_layer, r.seed) for r in runs} == {(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (8, 0), (8, 1), (8, 2),
+                                                   (8, 3), (8, 4)}
     first_seed1 = next(i for i, r in enumerate(runs) if r.seed == 1)
     assert [r.n_layer for r in runs[:first_seed1]] == [2] * 5 + [4] * 5 + [8] * 5
-    assert [r.seed for r in runs[-10:]] == [2] * 10
+    assert [r.seed for r in runs[-20:]] == [2] * 10 + [3] * 5 + [4] * 5
     idents = [(r.setting, r.extra["label"], r.seed) for r in runs + grid + checks]
     assert len(set(idents)) == len(idents)
     # one arm decided: only its depth runs join the plan
@@ -231,6 +232,16 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
     assert not os.path.exists(D.S.record_paths(str(out), shallow)[0])
     compare.main(argv + ["--no-report", "--depths", "1"])
     assert json.loads(open(D.S.record_paths(str(out), shallow)[0]).read())["device"] == "cpu"
+    # --train-arms: a worker trains only these arms' runs (default's run of a seed is left to another)
+    pair = [next(r for r in planned if r.n_layer == 2 and r.seed == 1 and r.extra["label"] == a)
+            for a in ("default", "conditioned_v0.25")]
+    for r in pair:
+        os.remove(D.S.record_paths(str(out), r)[0])
+    compare.main(argv + ["--no-report", "--train-arms", "conditioned_v0.25"])
+    assert "1 runs are left to other workers" in capsys.readouterr().err
+    assert [os.path.exists(D.S.record_paths(str(out), r)[0]) for r in pair] == [False, True]
+    compare.main(argv + ["--no-report", "--train-arms", "default"])
+    assert os.path.exists(D.S.record_paths(str(out), pair[0])[0])
     records = sorted(out.glob("runs/*/*/seed*.json"))
     # --report-only from the records alone; a record without BLiMP (made before it) reads as "–"
     shutil.rmtree(out / "trainer")
@@ -248,6 +259,7 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
 @pytest.mark.parametrize("extra, says", [
     (["--arms", "default"], "--depth-sweep fixes"), (["--lr", "1e-3"], "--depth-sweep fixes"),
     (["--scale-sweep"], "two modes"), (["--depths", "3"], "--depths 3: not in the plan; choose from 1 2"),
+    (["--train-arms", "nope"], "--train-arms nope: not an arm of the plan"),
     (["--device", "cuda"], "--device cuda: torch sees no GPU here")])
 def test_depth_fixed_flags_exit_2(tmp_path, capsys, extra, says):
     import torch
@@ -263,9 +275,10 @@ def test_depth_fixed_flags_exit_2(tmp_path, capsys, extra, says):
     assert not (tmp_path / "never").exists()
 
 
-def test_depths_needs_the_depth_sweep(capsys):
+@pytest.mark.parametrize("flag", [["--depths", "2"], ["--train-arms", "default"]])
+def test_depths_needs_the_depth_sweep(capsys, flag):
     compare, _ = _modules()
     with pytest.raises(SystemExit) as err:
-        compare.main(["--quick", "--depths", "2"])
+        compare.main(["--quick", *flag])
     assert err.value.code == 2
     assert "pass it with --depth-sweep" in capsys.readouterr().err

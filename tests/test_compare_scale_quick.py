@@ -28,14 +28,14 @@ def test_full_plan_sizes_arms_seeds_order_steps():
     runs = S.plan(p)
     labels = ["default", "conditioned", "conditioned_v0.25", "mimetic", "affine_scaled"]
     assert list(p.arms) == labels
-    # ≥ 3 sizes, growing, one head dim; ≥ 2 seeds, 3 at the middle and the largest size
+    # ≥ 3 sizes, growing, one head dim; ≥ 2 seeds, 3 at the middle size, 5 at the largest
     assert len(p.sizes) >= 3 and len({d // h for _, d, h in p.sizes}) == 1
     n = [_non_embedding(L, D) for L, D, _ in p.sizes]
     assert n == sorted(n) and len(set(n)) == len(n)
     mid = S.size_name(p.sizes[len(p.sizes) // 2])
     for size in p.sizes:
         seeds = {r.seed for r in runs if r.extra["size"] == S.size_name(size)}
-        assert len(seeds) == (3 if S.size_name(size) in (mid, S.size_name(p.sizes[-1])) else 2)
+        assert len(seeds) == {mid: 3, S.size_name(p.sizes[-1]): 5}.get(S.size_name(size), 2)
     # every run: steps from tokens per parameter (independent count), no run twice, the arm's init and gain
     for r in runs:
         assert r.steps == math.ceil(r.tokens_per_param * _non_embedding(r.n_layer, r.n_embd)
