@@ -175,6 +175,8 @@ def findings_block(r: dict) -> str:
         + " per parameter at " + " / ".join(sizes) + "; " + "; ".join(f"{s}: {devices[s]}" for s in sizes)
         + "). Conditioned against default: " + "; ".join(f"{s} {_v(sv(s, p.main_tpp, 'conditioned'))}"
                                                            for s in sizes)
+        + f". The other arms at {sizes[-1]}: " + "; ".join(f"{a} {_v(sv(sizes[-1], p.main_tpp, a))}"
+                                                           for a in p.arms if a not in ("default", "conditioned"))
         + f". At {mid} with training length: {p.length_tpps[-1]:g} tokens per non-embedding parameter "
         f"({tpp_all(mid, p.length_tpps[-1]):.2f} per parameter) {_v(sv(mid, p.length_tpps[-1], 'conditioned'))}, "
         f"{p.main_tpp:g} ({tpp_all(mid, p.main_tpp):.2f}) {_v(sv(mid, p.main_tpp, 'conditioned'))}. "
