@@ -14,6 +14,7 @@ __all__ = [
     "condinit_options",
     "wants_attentions",
     "get_holder",
+    "cast_fresh",
 ]
 
 _DEFAULTS = {
@@ -24,6 +25,17 @@ _DEFAULTS = {
     "spectral_lambda": None,
     "spectral_mode": "identity",
 }
+
+
+def cast_fresh(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype``, never through a same-dtype ``.to`` (which returns an alias of ``tensor``).
+
+    For what a custom ``autograd.Function`` returns from ``forward`` or ``backward``: on torch 2.11, ``torch.compile``
+    (aot_eager and inductor) of a Function whose forward output is such an alias routes its gradient nowhere: every
+    input gets zero (pytorch/pytorch#180642, "aliased output of forward"; fixed in 2.12). ``tensor`` must itself be
+    a fresh result of the Function's own computation, not one of its inputs.
+    """
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def effective_causal(module: nn.Module, query: torch.Tensor, attention_mask, is_causal) -> bool:

@@ -46,6 +46,7 @@ import torch
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from ._common import (
+    cast_fresh,
     condinit_options,
     crop_for_causal,
     effective_causal,
@@ -200,7 +201,7 @@ class _AffineOutput(torch.autograd.Function):
         out = alpha.unsqueeze(-1) * (attn.float() - mean) + alpha_ma.view(1, 1, -1, 1) * mean
         ctx.save_for_backward(alpha, attn, alpha_ma, query, key, value, recompute["mask"])
         ctx.recompute = {k: v for k, v in recompute.items() if k != "mask"}
-        return out.to(attn.dtype)
+        return cast_fresh(out, attn.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -208,7 +209,7 @@ class _AffineOutput(torch.autograd.Function):
         r = ctx.recompute
         g = grad.float()
         a = alpha.unsqueeze(-1)
-        grad_attn = (g * a).to(attn.dtype) if ctx.needs_input_grad[1] else None
+        grad_attn = cast_fresh(g * a, attn.dtype) if ctx.needs_input_grad[1] else None
         grad_mean = g * (alpha_ma.view(1, 1, -1, 1) - a) if ctx.needs_input_grad[2] else None
         grad_alpha = None
         if ctx.needs_input_grad[0]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ._common import crop_for_causal, effective_causal, get_holder, wants_attentions
+from ._common import cast_fresh, crop_for_causal, effective_causal, get_holder, wants_attentions
 
 __all__ = ["attention_sink_attention_forward", "SinkAttention", "lse_kernel", "extra_coordinates"]
 
@@ -94,7 +94,7 @@ class SinkAttention(torch.autograd.Function):
         # lse is fp32 (fp64 for fp64 inputs); the kernel's backward takes the sink's lse' in the same dtype
         lse_sink = torch.logaddexp(lse, logit.detach().to(lse.dtype).view(1, H, 1))  # (B, H, Q)
         w = torch.exp(lse - lse_sink).unsqueeze(-1)  # σ(lse − s), (B, H, Q, 1)
-        out = (out.to(lse.dtype) * w).to(query.dtype)
+        out = cast_fresh(out.to(lse.dtype) * w, query.dtype)
         ctx.save_for_backward(query, key, value, out, lse_sink, logit, mask, *extra)
         ctx.causal, ctx.scale, ctx.dropout, ctx.kernel = causal, scale, dropout, kernel
         return out
@@ -114,7 +114,7 @@ class SinkAttention(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             one_minus_w = torch.exp(logit.detach().to(lse_sink.dtype).view(1, -1, 1) - lse_sink)  # (B, H, Q)
             dot = (grad.to(lse_sink.dtype) * out.to(lse_sink.dtype)).sum(-1)  # ⟨dOut_i, out_i⟩
-            g_logit = -(one_minus_w * dot).sum(dim=(0, 2)).to(logit.dtype)
+            g_logit = cast_fresh(-(one_minus_w * dot).sum(dim=(0, 2)), logit.dtype)
         return gq, gk, gv, g_logit, None, None, None, None, None
 
 
