@@ -933,8 +933,9 @@ def provenance() -> dict:
         except (OSError, subprocess.SubprocessError):
             return None
 
-    versions = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "datasets", "accelerate"):
+    # torch's own version string: its package metadata omits the build tag ("2.13.0" for "2.13.0+cu130", issue 41)
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "datasets", "accelerate"):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

@@ -14,6 +14,10 @@ import importlib
 
 __version__ = "0.1.0"
 
+from .versions import check_installed  # noqa: E402
+
+check_installed()  # one line naming a too-old torch / transformers / accelerate, before either is imported
+
 from . import hooks, init  # noqa: E402,F401  (init registers the built-in schemes)
 from .api import InitReport, apply_init  # noqa: E402
 from .config import CondInitConfig, resolve_condinit  # noqa: E402

@@ -10,8 +10,8 @@ Usage:
 wrapped, sharded and, with ``cpu_ram_efficient_loading``, broadcast the model) and ``<dump>-final-rank<r>.pt`` (at
 ``on_train_end``): ``{name: tensor}`` of the whole model, parameters and persistent buffers (α_ma included).
 
-FSDP on CPU: accelerate 1.16 applies FSDP only on accelerators; :func:`hf_condinit.scripts.launch.enable_cpu_fsdp`
-lets it shard CPU processes over gloo (torch ``fully_shard``), without which ``--fsdp`` would silently train as DDP.
+FSDP on CPU: accelerate (1.15, 1.16) applies FSDP only on accelerators;
+:func:`hf_condinit.scripts.launch.enable_cpu_fsdp` lets it shard CPU processes over gloo (torch ``fully_shard``), without which ``--fsdp`` would silently train as DDP.
 
 ``"fault": true`` plants the bug the rank check must catch: ``reduce_over_replicas`` of the module of ``AffineScaledHolder`` (the
 all-reduce of affine_scaled's α statistic over the data-parallel group) becomes the identity, so each rank updates

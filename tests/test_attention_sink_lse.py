@@ -4,7 +4,9 @@ out = σ(lse − s)·O with O, lse from one kernel call over the real keys, and 
 own backward with the sink's log-normaliser, plus ∂L/∂s). Checked against autograd of the naive formula in float64
 (`torch.autograd.gradcheck`, causal / padded with a fully masked row / GQA), against the naive N×N reference in a
 model in bf16 (per tensor, against the reference's own bf16 error: `benchmarks/_gpu_check/judge.py`), and that the
-fast path really runs (no widened head) where it should, and the fallback where it must (attention dropout).
+fast path really runs (no widened head) where it should, and the fallback where it must (attention dropout). GQA: the
+CPU kernel reads fewer KV heads than query heads only from torch 2.9 (`kernel_takes_gqa`); before, the KV heads are
+repeated first, and a GQA model's fast path equals the reference whichever way the version check sends it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401
 from hf_condinit.attention import attention_sink as sink_module
-from hf_condinit.attention.attention_sink import SinkAttention, _additive_mask, lse_kernel
+from hf_condinit.attention.attention_sink import SinkAttention, _additive_mask, lse_kernel, sink_attention
 from hf_condinit.attention.reference import randomise_holders, register_references
 from utils import REPO, mini_config
 
@@ -51,12 +53,66 @@ def test_sink_attention_forward_and_gradcheck_float64(case):
         vis[0, :, :, :2] = False  # left padding: rows 0 and 1 of sequence 0 see no key at all
         mask, causal = _additive_mask(vis, torch.float64), False
     scale = 0.7
-    fast = SinkAttention.apply(q, k, v, s, mask, causal, scale, 0.0, "cpu")
+    fast = sink_attention(q, k, v, s, mask, causal, scale, 0.0, "cpu")
     torch.testing.assert_close(fast, _naive(q, k, v, s, vis, scale), rtol=1e-10, atol=1e-12)
     if case == "padded":
         assert torch.equal(fast[0, :, :2], torch.zeros_like(fast[0, :, :2]))  # fully masked rows output 0
     assert torch.autograd.gradcheck(
-        lambda q, k, v, s: SinkAttention.apply(q, k, v, s, mask, causal, scale, 0.0, "cpu"), (q, k, v, s))
+        lambda q, k, v, s: sink_attention(q, k, v, s, mask, causal, scale, 0.0, "cpu"), (q, k, v, s))
+
+
+def test_gqa_without_kernel_support_is_refused_not_run(monkeypatch):
+    """Fewer KV heads than query heads straight into `SinkAttention` where the kernel cannot take them: an error,
+    never the kernel (before torch 2.9 it reads and writes out of bounds)."""
+    monkeypatch.setattr(sink_module, "CPU_KERNEL_TAKES_GQA", False)
+    q, kv = torch.zeros(1, 4, 3, 8), torch.zeros(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="2 key/value heads for 4 query heads"):
+        SinkAttention.apply(q, kv, kv, torch.zeros(4), None, True, 1.0, 0.0, "cpu")
+
+
+@pytest.mark.parametrize("capability", ["native", "forced_off"])
+@pytest.mark.parametrize("padded", [False, True], ids=["causal", "padded"])
+def test_gqa_model_fast_path_matches_the_naive_formula(monkeypatch, capability, padded):
+    """Llama with 4 query heads over 2 KV heads, training forward + backward: the fast path's output and every
+    gradient (the sink logits' included) equal the naive formula's (`attention_sink_reference`, fp32 scores: the
+    tolerance of tests/test_attention_variants.py), and the kernel got
+    the KV heads the capability check decided: 2 where the running torch's CPU kernel takes GQA (torch >= 2.9),
+    else 4 (repeated before the call); 4 with the capability forced off on any torch."""
+    if capability == "forced_off":
+        monkeypatch.setattr(sink_module, "CPU_KERNEL_TAKES_GQA", False)
+    expected_kv_heads = 2 if sink_module.CPU_KERNEL_TAKES_GQA else 4
+    assert sink_module.CPU_KERNEL_TAKES_GQA == (capability == "native" and torch.__version__ >= (2, 9))
+    seen = []
+    real = SinkAttention.forward
+
+    def spy(ctx, query, key, value, *args):
+        seen.append((query.shape[1], key.shape[1], value.shape[1]))
+        return real(ctx, query, key, value, *args)
+
+    monkeypatch.setattr(SinkAttention, "forward", staticmethod(spy))
+    monkeypatch.setattr(sink_module, "_virtual_key_attention", lambda *a, **k: pytest.fail("fallback used"))
+    torch.manual_seed(0)
+    config = mini_config("llama", attention_dropout=0.0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="attention_sink").train()
+    randomise_holders(model)
+    assert config.num_attention_heads == 4 and config.num_key_value_heads == 2
+    ids = torch.randint(3, config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :3] = 0
+    results = {}
+    for impl in ("attention_sink", "attention_sink_reference"):
+        model.config._attn_implementation = impl
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, attention_mask=mask if padded else None).logits
+        logits.square().sum().backward()
+        results[impl] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    (fast, fast_grads), (ref, ref_grads) = results["attention_sink"], results["attention_sink_reference"]
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    assert fast_grads.keys() == ref_grads.keys() and any("condinit_sink" in n for n in fast_grads)
+    for name in fast_grads:
+        torch.testing.assert_close(fast_grads[name], ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert seen == [(4, expected_kv_heads, expected_kv_heads)] * config.num_hidden_layers
 
 
 def _gpt2(**kwargs):

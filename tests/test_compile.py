@@ -4,17 +4,27 @@ gradients and α_ma of eager mode, and ``torch._dynamo.explain`` finds no graph 
 CPU, ``aot_eager`` backend, tiny models: compiling is slow on 2 cores. ``inductor`` works too but costs ~50 s per
 compiled training step of this 1-layer model on 2 cores (measured: the attention_sink case, 52.6 s vs 5.2 s with
 aot_eager), too slow for the suite; aot_eager runs the same dynamo capture and autograd tracing (custom
-autograd.Functions included), inductor only adds code generation."""
+autograd.Functions included), inductor only adds code generation. The version matrix runs this file once more with
+``HF_CONDINIT_COMPILE_BACKEND=inductor`` on torch 2.11 (noxfile.py), whose compiled autograd.Functions once dropped
+every gradient of the sink and affine_scaled (`hf_condinit.attention._common.cast_fresh`).
+
+On torch older than `COMPILE_MIN_TORCH` (2.5, 2.6: their dynamo cannot trace transformers 5.17's forward wrappers,
+whatever the attention) the library refuses: the first compiled forward fails with one line naming the torch needed."""
 
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
 import hf_condinit  # noqa: F401
+from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
+OLD_TORCH = torch.__version__ < COMPILE_MIN_TORCH
+BACKEND = os.environ.get("HF_CONDINIT_COMPILE_BACKEND", "aot_eager")
 
 CASES = {  # spectral conditioning combines with any implementation: one compile covers two variants
     "affine_scaled+spectral": dict(attn_implementation="affine_scaled",
@@ -36,13 +46,16 @@ def test_fullgraph_compile_matches_eager_in_training_and_eval(case):
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     eager = copy.deepcopy(model)
     ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(2))
+    if OLD_TORCH:
+        _assert_refused(model, ids, CASES[case]["attn_implementation"])
+        return
     padding = torch.ones_like(ids)
     padding[0, :3] = 0
     probe = copy.deepcopy(model).train()  # explain runs the forward: a training forward updates α_ma
     for mask in (None, padding):  # the causal path and the masked path of every attention function
         explained = torch._dynamo.explain(probe)(ids, attention_mask=mask)
         assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(model, backend=BACKEND, fullgraph=True)
     for train in (True, False):
         model.train(train), eager.train(train)
         out, ref = compiled(ids).logits, eager(ids).logits
@@ -54,3 +67,15 @@ def test_fullgraph_compile_matches_eager_in_training_and_eval(case):
                 torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
         for (name, b), c in zip(model.named_buffers(), eager.buffers()):  # α_ma updated once, like eager
             torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
+
+
+def _assert_refused(model, ids, impl: str) -> None:
+    """The compiled forward fails, and the first line of the error is the refusal naming the torch needed; the model
+    still runs eagerly."""
+    compiled = torch.compile(model, backend=BACKEND, fullgraph=True)
+    with pytest.raises(Exception) as info:
+        compiled(ids)
+    first = str(info.value).splitlines()[0]
+    assert first == (f"RuntimeError: hf_condinit: torch.compile of a model with attn_implementation={impl!r} needs "
+                     f"torch >= 2.7 (this is torch {torch.__version__}); run it eagerly or upgrade torch"), first
+    assert torch.isfinite(model(ids).logits).all()

@@ -59,7 +59,11 @@ def test_ds_config_validates(tmp_path, name):
     assert ds.zero_optimization_stage == (2 if name == "zero2" else 3)
     assert ds.train_micro_batch_size_per_gpu == 4 and ds.gradient_accumulation_steps == 2
     assert ds.train_batch_size == 8 and ds.gradient_clipping == 1.0
-    assert ds.bfloat16_config.enabled == (name == "zero3_offload") and not ds.float16_config.enabled
+    if hasattr(ds, "bfloat16_config"):  # newer DeepSpeed (0.19); 0.16 (the floor): bfloat16_enabled / fp16_enabled
+        bf16, fp16 = ds.bfloat16_config.enabled, ds.float16_config.enabled
+    else:
+        bf16, fp16 = ds.bfloat16_enabled, ds.fp16_enabled
+    assert bf16 == (name == "zero3_offload") and not fp16
     assert hf_ds.config["zero_optimization"]["reduce_bucket_size"] == 64 * 64
     if name == "zero3_offload":
         assert ds.zero_config.offload_optimizer.device == "cpu" and ds.zero_config.offload_param.device == "cpu"

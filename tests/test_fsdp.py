@@ -7,8 +7,8 @@ stateless optimizer is beyond torch 2.13's full-state-dict optimizer loading, wh
 from: "Expected device to be set"). Each job dumps every
 rank's full gathered state (parameters and persistent buffers, α_ma included) when training begins and ends.
 
-FSDP on CPU needs :func:`hf_condinit.scripts.launch.enable_cpu_fsdp` (accelerate 1.16 otherwise trains ``--fsdp``
-as DDP on CPU): every job's launch line must name FSDP2, the checkpoint must be FSDP's (``pytorch_model_fsdp.bin``)
+FSDP on CPU needs :func:`hf_condinit.scripts.launch.enable_cpu_fsdp` (accelerate 1.15 and 1.16 otherwise train
+``--fsdp`` as DDP on CPU): every job's launch line must name FSDP2, the checkpoint must be FSDP's (``pytorch_model_fsdp.bin``)
 and the κ callback must meet sharded parameters (DTensors) and skip.
 
 Checked: conditioned and mimetic init (GPT-2 and Crammed BERT) equal to the single-process build on both ranks;
@@ -16,8 +16,11 @@ affine_scaled, attention_sink, preconditioned and spectral train with the ranks 
 process; 2 + 2 resumed steps equal 4 uninterrupted ones bit for bit; ``--model_name_or_path`` through the rank-0
 loading path (``cpu_ram_efficient_loading``) keeps the loaded weights exactly; the saved models reload exactly with
 hf_condinit and, for the variants, without it; the κ callback skips with one line and the run report is written;
-a planted fault (each rank reducing α_ma alone) makes the rank check fail. 92 s for the file on 2 cores shared with
-other jobs (load average 15; the two launches 68 s of it).
+a planted fault (each rank reducing α_ma alone) makes the rank check fail. The rank-0 loading of a model with
+persistent buffers (α_ma) needs :mod:`hf_condinit.scripts.fsdp_compat`'s patch on accelerate < 1.16 (issue 41: every
+rank failed with ``'Tensor' object has no attribute 'device_mesh'`` on 1.15.0); on torch < 2.6 (no FSDP2) the
+two-process tests are skipped and the config tests check the scripts' one-line refusal instead. 92 s for the file
+on 2 cores shared with other jobs (load average 15; the two launches 68 s of it).
 """
 
 import json
@@ -31,6 +34,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, TrainingArguments
 
+from hf_condinit.scripts import fsdp_compat
+from hf_condinit.scripts.errors import UsageError
 from hf_condinit.scripts.launch import fsdp_summary, launch_summary
 from utils import REPO, WIKI_TRAIN, gpt2_conditioned_checks, needs
 
@@ -154,9 +159,21 @@ def _assert_close_to(state: dict, reference: dict, atol: float, what: str):
         torch.testing.assert_close(state[k], reference[k], rtol=0, atol=atol, msg=f"{what}: {k}")
 
 
+#: the scripts' one line on a torch without FSDP2 (torch < 2.6), at start, before any model work
+REFUSAL = ("run_clm.py: error: FSDP2 (fsdp_version 2) needs torch >= 2.6, which added "
+           "torch.distributed.fsdp.fully_shard; this is torch {}: install torch >= 2.6.")
+#: the same on an accelerate without FSDP2 (accelerate < 1.6) and a torch with it
+REFUSAL_ACCELERATE = ("run_clm.py: error: FSDP2 (fsdp_version 2) needs accelerate >= 1.6, which added FSDP2 to its "
+                      "FSDP plugin; this is accelerate {}: install accelerate >= 1.6.")
+OLD_TORCH = ("FSDP2 needs torch >= 2.6 and accelerate >= 1.6: the scripts refuse it "
+             "(test_fsdp_config_builds_the_plugin checks the line)")
+
+
 def multi_process(test):
-    """The tests on the two-process runs: slow (the ``runs`` fixture), and they need the MLM text."""
-    return pytest.mark.slow(needs(WIKI_TRAIN)(test))
+    """The tests on the two-process runs: slow (the ``runs`` fixture), they need the MLM text and FSDP2 (torch 2.6+;
+    on older torch the config tests check the scripts' refusal instead)."""
+    return pytest.mark.skipif(not fsdp_compat.fsdp2_supported(), reason=OLD_TORCH)(
+        pytest.mark.slow(needs(WIKI_TRAIN)(test)))
 
 
 @multi_process
@@ -280,7 +297,12 @@ def test_kappa_skips_with_one_line_and_the_report_is_written(runs):
                                                   ("gpt2-1.72b", 48, "FSDP2 full_shard")])
 def test_fsdp_config_builds_the_plugin(tmp_path, monkeypatch, name, layers, summary):
     """Through the Trainer's path: ``TrainingArguments(fsdp=True, fsdp_config=FILE)`` → ``fsdp_plugin_args`` →
-    accelerate's ``FullyShardedDataParallelPlugin``, whose wrap policy must pick every block of the model size."""
+    accelerate's ``FullyShardedDataParallelPlugin``, whose wrap policy must pick every block of the model size. On
+    torch < 2.6 (no FSDP2) ``run_clm.py`` with the config must instead stop at start with exit code 2 and one line
+    (:data:`REFUSAL`), leaving no output folder."""
+    if not fsdp_compat.fsdp2_supported():
+        _assert_refused(name, tmp_path)
+        return
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")  # the plugin sets it: restored after the test
@@ -304,6 +326,56 @@ def test_fsdp_config_builds_the_plugin(tmp_path, monkeypatch, name, layers, summ
     env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2",
            "FSDP_RESHARD_AFTER_FORWARD": str(raw["reshard_after_forward"]).lower()}
     assert fsdp_summary(object(), env) == summary
+
+
+def _assert_refused(name: str, tmp_path):
+    """``run_clm.py --fsdp --fsdp_config <name>`` on this (FSDP2-less) torch: exit code 2, :data:`REFUSAL` alone on
+    stderr, no output folder (refused before any model work)."""
+    out = tmp_path / "out"
+    argv = [*CLM, "--max_steps", "1", *_fsdp(name), "--output_dir", str(out)]
+    proc = subprocess.run([sys.executable, "run_clm.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [f"run_clm.py: error: {fsdp_compat.fsdp2_missing()}"]), \
+        proc.stderr[-4000:]
+    assert not out.exists()
+
+
+def test_fsdp2_set_up_by_version(monkeypatch, tmp_path):
+    """:func:`fsdp_compat.set_up_fsdp`, on any installed versions: FSDP2 is refused on torch 2.5 and on accelerate 1.5
+    with the one line (FSDP1 and no FSDP pass), and accelerate 1.6 to 1.15 (not 1.16) gets the buffer-aware rank-0
+    loading."""
+    import accelerate
+    from packaging.version import Version
+
+    fsdp2 = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", fsdp=True,
+                              fsdp_config=FSDP_CONFIGS["gpt2-472m"])
+    installed = Version(accelerate.__version__).release[:2]
+    if installed >= fsdp_compat.FSDP2_ACCELERATE:  # the patch, on an accelerate with FSDP2 (on torch 2.5 too)
+        from accelerate.utils import fsdp_utils
+
+        shipped = fsdp_utils.fsdp2_load_full_state_dict
+        monkeypatch.setattr(fsdp_utils, "fsdp2_load_full_state_dict", shipped)  # restored after the test
+        monkeypatch.setattr(torch, "__version__", "2.6.0")
+        fsdp_compat.set_up_fsdp(fsdp2, {})
+        patched = fsdp_utils.fsdp2_load_full_state_dict is fsdp_compat.load_full_state_dict
+        assert patched == (installed < (1, 16))
+        assert patched or fsdp_utils.fsdp2_load_full_state_dict is shipped
+
+    monkeypatch.setattr(accelerate, "__version__", "1.16.0")  # the refusals alone: nothing to patch on 1.16
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
+    with pytest.raises(UsageError) as refused:
+        fsdp_compat.set_up_fsdp(fsdp2, {})
+    assert f"run_clm.py: error: {refused.value}" == REFUSAL.format("2.5.1+cu124")
+    with pytest.raises(UsageError):  # accelerate launch with an FSDP2 config
+        fsdp_compat.set_up_fsdp(object(), {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"})
+    fsdp_compat.set_up_fsdp(object(), {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
+    fsdp_compat.set_up_fsdp(object(), {})
+    monkeypatch.setattr(torch, "__version__", "2.6.0a0+git1234")  # a pre-release build of 2.6 has FSDP2
+    fsdp_compat.set_up_fsdp(fsdp2, {})
+    monkeypatch.setattr(accelerate, "__version__", "1.5.2")  # an accelerate without FSDP2
+    with pytest.raises(UsageError) as refused:
+        fsdp_compat.set_up_fsdp(fsdp2, {})
+    assert f"run_clm.py: error: {refused.value}" == REFUSAL_ACCELERATE.format("1.5.2")
 
 
 def test_launch_line_names_fsdp(monkeypatch):

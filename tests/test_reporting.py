@@ -9,7 +9,12 @@ import json
 import logging
 import math
 import os
-import tomllib
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (the declared floor): tomli, the same parser (dev extra)
+    import tomli as tomllib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -26,7 +26,8 @@ def _args(output_dir, do_train=True, resume=None):
     return SimpleNamespace(output_dir=str(output_dir), do_train=do_train, resume_from_checkpoint=resume)
 
 
-def test_find_last_checkpoint_resumes_an_unfinished_run_and_refuses_a_finished_one(tmp_path, caplog):
+def test_find_last_checkpoint_resumes_an_unfinished_run_and_refuses_a_finished_one(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.6.0")  # a torch that can resume (the refusal: the test below)
     out = tmp_path / "run"
     assert find_last_checkpoint(_args(out)) is None  # no folder: a fresh run
     out.mkdir()
@@ -51,6 +52,22 @@ def test_find_last_checkpoint_resumes_an_unfinished_run_and_refuses_a_finished_o
         find_last_checkpoint(_args(other, resume="last"))
     with pytest.raises(UsageError, match="is not a directory"):
         find_last_checkpoint(_args(other, resume=str(tmp_path / "nope")))
+
+
+@pytest.mark.parametrize("version", ["2.5.1+cu124", "2.6.0"])
+def test_find_last_checkpoint_refuses_a_resume_below_torch_2_6(tmp_path, monkeypatch, version):
+    """Transformers refuses to load a checkpoint's optimizer state on torch < 2.6 (CVE-2025-32434), after the model is
+    built: the scripts say so before any model work, for an explicit and for an automatic resume."""
+    monkeypatch.setattr(torch, "__version__", version)
+    out = tmp_path / "run"
+    (out / "checkpoint-4").mkdir(parents=True)
+    for args in (_args(out), _args(out, resume="last"), _args(tmp_path, resume=str(out / "checkpoint-4"))):
+        if version.startswith("2.5"):
+            with pytest.raises(UsageError, match=r"^resuming from .*checkpoint-4 needs torch>=2\.6 \(found 2\.5\.1\+cu124"):
+                find_last_checkpoint(args)
+        else:
+            assert find_last_checkpoint(args) == str(out / "checkpoint-4")
+    assert find_last_checkpoint(_args(tmp_path / "fresh")) is None  # a fresh run is never refused
 
 
 def test_user_errors_exit_2_in_one_line_and_clean_up(tmp_path, capsys):

@@ -31,6 +31,7 @@ from typing import Any
 
 from torch import nn
 
+from ._common import guard_compile
 from .holders import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
@@ -160,7 +161,9 @@ def inject(model: nn.Module, layout=None, config=None) -> list[str]:
     What is injected: ``condinit_affine`` when ``config._attn_implementation == "affine_scaled"``,
     ``condinit_sink`` for ``"attention_sink"``, ``condinit_spectral_*`` when ``config.condinit["spectral_lambda"]`` is
     not None. Holders attach to ``layout.core_module(block)`` (the module that calls the attention function).
-    Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice.
+    Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice. On torch older
+    than `hf_condinit.attention._common.COMPILE_MIN_TORCH`, ``model`` also gets the pre-hook that refuses torch.compile
+    in one line (`hf_condinit.attention._common.guard_compile`).
 
     Values are *not* initialised here beyond zeros: the init pass (``reset_condinit_parameters``) or the loaded
     checkpoint writes them; call `hf_condinit.attention.holders.CondInitHolder.reset_condinit_parameters` yourself when
@@ -178,6 +181,8 @@ def inject(model: nn.Module, layout=None, config=None) -> list[str]:
     opts = _options(config)
     lam = opts.get("spectral_lambda")
     mode = opts.get("spectral_mode") or "identity"
+    if impl in VARIANTS or lam is not None:
+        guard_compile(model)
     for _, block in layout.attention_modules(model):
         core = layout.core_module(block)
         if impl not in ("affine_scaled", "attention_sink") and lam is None:

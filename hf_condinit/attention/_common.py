@@ -15,6 +15,8 @@ __all__ = [
     "wants_attentions",
     "get_holder",
     "cast_fresh",
+    "COMPILE_MIN_TORCH",
+    "guard_compile",
 ]
 
 _DEFAULTS = {
@@ -36,6 +38,43 @@ def cast_fresh(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     a fresh result of the Function's own computation, not one of its inputs.
     """
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+#: torch.compile of a model with an attention variant needs this torch. On 2.5.1 and 2.6.0 dynamo cannot trace
+#: transformers 5.17's own forward wrappers, whatever the attention (plain ``sdpa`` fails alike): ``merge_with_config_
+#: defaults`` (transformers/utils/generic.py) reads ``func.__code__.co_varnames`` ("Unsupported call_method
+#: GetAttrVariable(GetSetDescriptorVariable(), co_varnames) __contains__"), and past it ``capture_outputs``
+#: (transformers/utils/output_capturing.py) stops with "NameError: name 'torch' is not defined". Measured: 2.7.1 traces
+#: both and compiles every variant with eager's outputs and gradients (tests/test_compile.py), so does 2.8.0.
+COMPILE_MIN_TORCH = (2, 7)
+
+_VARIANT_NAMES = ("affine_scaled", "attention_sink", "preconditioned")
+
+
+@torch._dynamo.assume_constant_result
+def _refuse_compile(variant: str) -> None:
+    """Raise the one-line refusal. ``assume_constant_result``: dynamo runs it for real while tracing, so its message
+    reaches the user (the first line of dynamo's error) instead of dynamo's bare "Observed exception"."""
+    raise RuntimeError(f"hf_condinit: torch.compile of a model with {variant} needs torch >= "
+                       f"{'.'.join(map(str, COMPILE_MIN_TORCH))} (this is torch {torch.__version__}); run it eagerly "
+                       f"or upgrade torch")
+
+
+def _refuse_compile_hook(module: nn.Module, args) -> None:
+    """Forward pre-hook (`guard_compile`): a no-op eagerly; under torch.compile, the refusal."""
+    if torch.compiler.is_compiling():
+        impl = getattr(module.config, "_attn_implementation", None)
+        _refuse_compile(f"attn_implementation={impl!r}" if impl in _VARIANT_NAMES else "spectral conditioning")
+
+
+def guard_compile(model: nn.Module) -> None:
+    """On torch older than `COMPILE_MIN_TORCH`, make torch.compile of ``model`` (a model with an attention variant or
+    spectral conditioning) fail at its first compiled forward with one line naming the torch it needs, rather than
+    deep inside transformers' code. Idempotent; nothing on newer torch."""
+    if torch.__version__ >= COMPILE_MIN_TORCH:
+        return
+    if _refuse_compile_hook not in model._forward_pre_hooks.values():
+        model.register_forward_pre_hook(_refuse_compile_hook)
 
 
 def effective_causal(module: nn.Module, query: torch.Tensor, attention_mask, is_causal) -> bool:

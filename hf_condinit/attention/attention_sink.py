@@ -6,10 +6,13 @@ where O, lse = softmax(l)·V and logsumexp_j(l_ij) over the real keys (the sink 
 probability mass away). **Fast path** (`SinkAttention`): one call of a fused kernel that returns lse beside O
 (``_scaled_dot_product_flash_attention_for_cpu`` on CPU, ``_scaled_dot_product_flash_attention`` on CUDA), then the
 per-row factor w = σ(lse − s) = exp(lse − lse'), lse' = logaddexp(lse, s). Head dim and q/k/v are unchanged; the keys
-stay per KV head (the CPU kernel handles GQA). The backward is the kernel's own backward called with the sink's
-log-normaliser lse' and the sink's output: the kernel recomputes P' = exp(l − lse') = w·P (the probabilities of the
-sink softmax) and Δ = rowsum(dOut ∘ out), which is exactly the backward of softmax-with-sink; the sink's gradient is
-written out: ∂L/∂s_h = −Σ_{b,i} (1 − w_i)·⟨dOut_i, out_i⟩. Saved tensors: q, k, v, out, lse' (what SDPA saves).
+stay per KV head where the kernel reads GQA itself (`kernel_takes_gqa`: the CPU kernel from torch 2.9), otherwise
+they are repeated to the query heads before the call (`sink_attention`; autograd sums their gradients back, as HF's
+SDPA path does on such torch). The backward is the kernel's own backward called with the sink's log-normaliser lse'
+and the sink's output: the kernel recomputes P' = exp(l − lse') = w·P (the probabilities of the sink softmax) and
+Δ = rowsum(dOut ∘ out), which is exactly the backward of softmax-with-sink; the sink's gradient is written out:
+∂L/∂s_h = −Σ_{b,i} (1 − w_i)·⟨dOut_i, out_i⟩. Saved tensors: q, k, v (repeated when they were), out, lse' (what SDPA
+saves).
 
 Visibility: with a 4-D mask, the mask (converted to the kernel's additive form in the query dtype); a fully masked
 row has lse = finfo.min, so w = 0 and the row outputs 0 (as the reference). Without a mask and causal, upper-left
@@ -29,11 +32,26 @@ A neutral sink (s → −∞) gives plain SDPA; use a large finite value (e.g. �
 from __future__ import annotations
 
 import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from ._common import cast_fresh, crop_for_causal, effective_causal, get_holder, wants_attentions
 
-__all__ = ["attention_sink_attention_forward", "SinkAttention", "lse_kernel", "extra_coordinates"]
+__all__ = [
+    "attention_sink_attention_forward",
+    "SinkAttention",
+    "sink_attention",
+    "lse_kernel",
+    "kernel_takes_gqa",
+    "extra_coordinates",
+]
+
+#: Whether ``_scaled_dot_product_flash_attention_for_cpu`` (and its backward) read key/value with fewer heads than the
+#: query. Added by pytorch/pytorch#157893 "[CPU] Support GQA for flash attention" (July 2025, first released in torch
+#: 2.9.0); before it, aten/src/ATen/native/cpu/FlashAttentionKernel.cpp indexes k/v with the query's head index
+#: and no check: out-of-bounds reads (NaN or garbage on 2.5.1 / 2.6.0 / 2.8.0) and writes in the backward (heap
+#: corruption, abort). torch's own dispatcher agrees: ``torch._fused_sdp_choice(q, k, v, enable_gqa=True)`` picks the
+#: CPU flash kernel from 2.9.0, the math kernel before. Decided by version, never by probing the kernel.
+CPU_KERNEL_TAKES_GQA = torch.__version__ >= (2, 9)
 
 
 def extra_coordinates(head_dim: int, device: torch.device) -> int:
@@ -48,7 +66,8 @@ def extra_coordinates(head_dim: int, device: torch.device) -> int:
 def lse_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, dropout: float) -> str | None:
     """Which fused kernel returning (O, lse) serves this call: ``"cpu"``, ``"cuda"`` or None (use the fallback).
 
-    CPU: ``_scaled_dot_product_flash_attention_for_cpu`` (any float dtype, masks, GQA; no dropout). CUDA:
+    CPU: ``_scaled_dot_product_flash_attention_for_cpu`` (fp64 / fp32 / bf16 / fp16 and additive masks on every torch
+    from 2.5, GQA from 2.9: `kernel_takes_gqa`; no dropout). CUDA:
     ``_scaled_dot_product_flash_attention`` (fp16/bf16, no mask, equal q/k/v head counts and head dims, head dim a
     multiple of 8 up to 256; dropout supported through its RNG state).
     """
@@ -59,6 +78,13 @@ def lse_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask
             and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256):
         return "cuda"
     return None
+
+
+def kernel_takes_gqa(kernel: str) -> bool:
+    """Whether ``kernel`` (`lse_kernel`) may be called with key/value having fewer heads than the query: the CPU
+    kernel where the running torch supports it (`CPU_KERNEL_TAKES_GQA`); never the CUDA one (`lse_kernel` gives it
+    equal head counts only)."""
+    return kernel == "cpu" and CPU_KERNEL_TAKES_GQA
 
 
 def _additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -74,7 +100,8 @@ def _additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tenso
 class SinkAttention(torch.autograd.Function):
     """Softmax attention with a per-head sink logit, from one fused kernel call (module docstring).
 
-    Inputs: query (B, H, Q, d), key / value (B, H_kv, K, d) (H_kv = H on CUDA), logit (H,) the sink logits, mask
+    Inputs: query (B, H, Q, d), key / value (B, H_kv, K, d) (H_kv = H unless `kernel_takes_gqa`: call it through
+    `sink_attention`, which repeats the KV heads where needed), logit (H,) the sink logits, mask
     None or additive (B or 1, 1, Q, K) in the query dtype, causal (upper-left, keys already cropped), scale,
     dropout (CUDA only), kernel (`lse_kernel`). Output: (B, H, Q, d) in the query dtype.
     """
@@ -82,6 +109,9 @@ class SinkAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, logit, mask, causal: bool, scale: float, dropout: float, kernel: str):
         H = query.shape[1]
+        if key.shape[1] != H and not kernel_takes_gqa(kernel):  # the kernel would read and write out of bounds
+            raise ValueError(f"SinkAttention: {key.shape[1]} key/value heads for {H} query heads, which the {kernel!r} "
+                             f"kernel of torch {torch.__version__} does not support; call sink_attention")
         if kernel == "cpu":
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 query, key, value, 0.0, causal, attn_mask=mask, scale=scale)
@@ -118,6 +148,15 @@ class SinkAttention(torch.autograd.Function):
         return gq, gk, gv, g_logit, None, None, None, None, None
 
 
+def sink_attention(query, key, value, logit, mask, causal: bool, scale: float, dropout: float, kernel: str):
+    """`SinkAttention` with the KV heads repeated to the query heads (outside the Function, so autograd sums their
+    gradients back) unless `kernel_takes_gqa`. Shapes and arguments as `SinkAttention`; returns (B, H, Q, d)."""
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1 and not kernel_takes_gqa(kernel):
+        key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    return SinkAttention.apply(query, key, value, logit, mask, causal, scale, dropout, kernel)
+
+
 def attention_sink_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -144,7 +183,7 @@ def attention_sink_attention_forward(
     kernel = lse_kernel(query, key, value, attention_mask, dropout)
     if kernel is not None:
         mask = _additive_mask(attention_mask, query.dtype) if kernel == "cpu" else None
-        out = SinkAttention.apply(query, key, value, holder.logit, mask, causal, scale, dropout, kernel)
+        out = sink_attention(query, key, value, holder.logit, mask, causal, scale, dropout, kernel)
         return out.transpose(1, 2), None  # (B, Q, H, d)
     return _virtual_key_attention(module, query, key, value, holder.logit, attention_mask, causal, scale, dropout,
                                   **kwargs), None

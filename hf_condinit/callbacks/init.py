@@ -25,7 +25,9 @@ class ConditionedInitCallback(TrainerCallback):
             by ``from_pretrained`` raises instead of being re-initialised; set True to re-initialise on purpose.
 
     When the Trainer resumes from a checkpoint (``state.global_step > 0`` at ``on_train_begin``) it does nothing,
-    so resumed weights are never touched. The `InitReport` of the last application is kept in ``self.report``.
+    so resumed weights are never touched. (A Trainer resume needs torch >= 2.6: below it transformers refuses to
+    torch.load the checkpoint's optimizer, scheduler and RNG state, CVE-2025-32434, before ``on_train_begin``.)
+    The `InitReport` of the last application is kept in ``self.report``.
     Under DeepSpeed ZeRO-3 every rank runs it and parameters are gathered per block.
     """
 

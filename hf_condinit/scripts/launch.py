@@ -7,9 +7,10 @@ multi-process launcher runs torchrun underneath, so it is checked first), DeepSp
 was started by ``python``. ``run_clm.py --deepspeed`` without a launcher sets ``WORLD_SIZE=1`` itself: still ``python``.
 
 The line names the sharding engine: the DeepSpeed ZeRO stage (``--deepspeed``), or FSDP with its version, sharding
-and offload (``--fsdp`` / ``--fsdp_config`` of the Trainer, or ``accelerate launch`` with an FSDP config). accelerate
-(1.16) applies FSDP only on accelerators: on CPU (``--use_cpu``) the Trainer silently trains with DDP instead, which
-the line says, unless :func:`enable_cpu_fsdp` was called (FSDP2 over gloo: the CPU tests and benchmarks).
+and offload (``--fsdp`` / ``--fsdp_config`` of the Trainer, or ``accelerate launch`` with an FSDP config).
+accelerate (1.15, 1.16) applies FSDP only on accelerators: on CPU (``--use_cpu``) the Trainer silently trains with
+DDP instead, which the line says, unless :func:`enable_cpu_fsdp` was called (FSDP2 over gloo: the CPU tests and
+benchmarks).
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ def single_process_warning(env: Mapping[str, str] | None = None, asked: int | No
 def enable_cpu_fsdp() -> None:
     """Let accelerate apply FSDP to CPU processes (gloo), as it does on accelerators; idempotent.
 
-    accelerate 1.16's ``AcceleratorState`` turns a ``fsdp_plugin`` into ``DistributedType.FSDP`` only for accelerator
-    types (``MULTI_GPU``, ``MULTI_XPU``, ...); with ``MULTI_CPU`` it drops the plugin and the Trainer wraps the model
-    in DDP. After this call a CPU group with a plugin becomes ``FSDP`` as well (torch's ``fully_shard`` supports CPU
+    accelerate's ``AcceleratorState`` (1.15, 1.16) turns a ``fsdp_plugin`` into ``DistributedType.FSDP`` only for
+    accelerator types (``MULTI_GPU``, ``MULTI_XPU``, ...); with ``MULTI_CPU`` it drops the plugin and the Trainer
+    wraps the model in DDP. After this call a CPU group with a plugin becomes ``FSDP`` as well (torch's ``fully_shard`` supports CPU
     meshes over gloo). Call it before the ``Trainer`` (its ``Accelerator``) is built."""
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
@@ -109,10 +110,10 @@ def cpu_fsdp_enabled() -> bool:
     return getattr(AcceleratorState.__init__, "cpu_fsdp", False)
 
 
-def fsdp_summary(training_args, env: Mapping[str, str] | None = None) -> str | None:
-    """``"FSDP2 full_shard"`` (``shard_grad_op`` when parameters stay gathered after the forward, ``+ cpu offload``),
-    ``"FSDP1 <strategy>"``, from the Trainer's ``--fsdp`` / ``--fsdp_config`` (``training_args.fsdp_plugin_args``)
-    or else from the ``FSDP_*`` variables of ``accelerate launch`` with an FSDP config; ``None`` without FSDP."""
+def fsdp_settings(training_args, env: Mapping[str, str] | None = None) -> dict | None:
+    """The FSDP plugin's settings the run will use: the Trainer's ``--fsdp`` / ``--fsdp_config``
+    (``training_args.fsdp_plugin_args``), or else the ``FSDP_*`` variables of ``accelerate launch`` with an FSDP
+    config (``fsdp_version``, ``cpu_offload``, ``reshard_after_forward``); ``None`` without FSDP."""
     env = os.environ if env is None else env
     plugin = getattr(training_args, "fsdp_plugin_args", None)
     if plugin is None and str(env.get("ACCELERATE_USE_FSDP", "")).lower() in ("true", "1"):
@@ -120,9 +121,23 @@ def fsdp_summary(training_args, env: Mapping[str, str] | None = None) -> str | N
         plugin = {"fsdp_version": version, "cpu_offload": env.get("FSDP_OFFLOAD_PARAMS", "false"),
                   "reshard_after_forward": env.get("FSDP_RESHARD_AFTER_FORWARD" if version == "2"
                                                    else "FSDP_SHARDING_STRATEGY")}
+    return plugin
+
+
+def fsdp_version(training_args, env: Mapping[str, str] | None = None) -> int | None:
+    """1 or 2 (:func:`fsdp_settings`' ``fsdp_version``, 1 when unset, as accelerate defaults); ``None`` without
+    FSDP."""
+    plugin = fsdp_settings(training_args, env)
+    return None if plugin is None else int(plugin.get("fsdp_version", 1) or 1)
+
+
+def fsdp_summary(training_args, env: Mapping[str, str] | None = None) -> str | None:
+    """``"FSDP2 full_shard"`` (``shard_grad_op`` when parameters stay gathered after the forward, ``+ cpu offload``),
+    ``"FSDP1 <strategy>"``, from :func:`fsdp_settings`; ``None`` without FSDP."""
+    plugin = fsdp_settings(training_args, env)
     if plugin is None:
         return None
-    version = int(plugin.get("fsdp_version", 1) or 1)
+    version = fsdp_version(training_args, env)
     reshard = plugin.get("reshard_after_forward")
     if version == 2:
         full = reshard is None or str(reshard).lower() in ("true", "1", "full_shard")

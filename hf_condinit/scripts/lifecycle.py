@@ -6,6 +6,7 @@ import logging
 import math
 import os
 
+from ..versions import RESUME_MIN_TORCH, torch_below
 from .errors import UsageError
 from .machine import machine_summary
 
@@ -23,7 +24,24 @@ def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -
       the run **resumes**, and says so in one line (with how to start over instead).
     - ``--output_dir`` holds a finished run, or files without a checkpoint: :class:`UsageError` naming both ways
       on (a new ``--output_dir``, or ``--resume_from_checkpoint`` to continue that run).
+
+    A resume on torch < `hf_condinit.versions.RESUME_MIN_TORCH` is a :class:`UsageError` too (transformers refuses to
+    load the checkpoint's optimizer state there, after the model is built).
     """
+    last = _checkpoint_to_resume(training_args, logger_)
+    if last is not None and torch_below(RESUME_MIN_TORCH):
+        import torch
+
+        raise UsageError(
+            f"resuming from {last} needs torch>={RESUME_MIN_TORCH} (found {torch.__version__}: transformers refuses to "
+            f"load a checkpoint's optimizer state below it, CVE-2025-32434): pip install -U 'torch>={RESUME_MIN_TORCH}',"
+            f" or pass a new --output_dir to start over."
+        )
+    return last
+
+
+def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str | None:
+    """`find_last_checkpoint`'s policy, without the torch check."""
     from transformers.trainer_utils import get_last_checkpoint
 
     out = training_args.output_dir

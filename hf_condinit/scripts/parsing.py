@@ -15,6 +15,7 @@ from .deepspeed_checks import check_deepspeed_file, validate_deepspeed_config
 from ..names import did_you_mean
 from .errors import UsageError, user_errors
 from .flag_checks import check_model_paths, check_numeric_flags, check_written_folders
+from .fsdp_compat import set_up_fsdp
 from .launch import report_launch
 from .logs import setup_logging
 from .machine import machine_defaults
@@ -179,7 +180,8 @@ def parse_and_set_up(
     of the parsed tuple); every folder the run writes (``--output_dir``, ``--cache_dir``) and every local model
     path it reads (``--model_name_or_path``, ``--tokenizer_name``) checked (:mod:`.flag_checks`); the run modes
     (:func:`set_run_modes`: with no ``--do_*`` flag, train and evaluate; ``run_modes``: the ones the script
-    supports); the DeepSpeed config checked against the flags; logging set up;
+    supports); the DeepSpeed config checked against the flags; FSDP2 refused on torch < 2.6 and accelerate < 1.16
+    patched (:func:`hf_condinit.scripts.fsdp_compat.set_up_fsdp`); logging set up;
     the launch reported (:func:`hf_condinit.scripts.launch.report_launch`: launcher, world size, device, one line);
     the training arguments logged at info level. Raises :class:`UsageError` for every user error found.
 
@@ -199,6 +201,7 @@ def parse_and_set_up(
     set_run_modes(training_args, given, run_modes)
     if training_args.deepspeed:
         validate_deepspeed_config(training_args, cond_args)
+    set_up_fsdp(training_args)
     setup_logging(training_args, logger_)
     report_launch(training_args)
     (logger_ or logger).info(f"Training/evaluation parameters {training_args}")
