@@ -25,6 +25,8 @@ from hf_condinit.attention._common import COMPILE_MIN_TORCH
 
 OLD_TORCH = torch.__version__ < COMPILE_MIN_TORCH
 BACKEND = os.environ.get("HF_CONDINIT_COMPILE_BACKEND", "aot_eager")
+# aot_eager runs eager's kernels; inductor generates its own, whose fp32 sums run in another order
+TOL = dict(rtol=1e-5, atol=1e-6) if BACKEND == "aot_eager" else dict(rtol=1e-4, atol=1e-5)
 
 CASES = {  # spectral conditioning combines with any implementation: one compile covers two variants
     "affine_scaled+spectral": dict(attn_implementation="affine_scaled",
@@ -59,12 +61,12 @@ def test_fullgraph_compile_matches_eager_in_training_and_eval(case):
     for train in (True, False):
         model.train(train), eager.train(train)
         out, ref = compiled(ids).logits, eager(ids).logits
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out, ref, **TOL)
         if train:
             out.square().sum().backward()
             ref.square().sum().backward()
             for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+                torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m, name=name: f"{name}: {m}")
         for (name, b), c in zip(model.named_buffers(), eager.buffers()):  # α_ma updated once, like eager
             torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
 

@@ -159,6 +159,40 @@ def test_a_failing_arm_of_part_d_leaves_the_others_rows(monkeypatch):
     assert "**failed**" in "\n".join(report._render_d(rows))
 
 
+def test_compiled_gradients_checked_before_a_compiled_arm_is_timed(monkeypatch):
+    """Part d's compile check: every variant's compiled gradients match eager's on the CPU (aot_eager); a backend that
+    changes the gradient (planted: the graph's outputs scaled) fails it, and a tuned arm whose check fails is not
+    timed; below torch 2.7 (no compile: `COMPILE_MIN_TORCH`) a tuned arm is skipped with the torch it needs."""
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
+    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(a for a in training.TRAIN_ARMS if a[2] == "attention_sink"))
+    monkeypatch.setattr(training, "train_arm", lambda *a, **k: pytest.fail("a failed compile check's arm was timed"))
+    if torch.__version__ < COMPILE_MIN_TORCH:
+        rows, record = _rows()
+        training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)
+        assert [r["kind"] for r in rows if r["kind"] != "settings"] == ["train"]
+        assert rows[-1]["skipped"].startswith("torch.compile needs torch >= 2.7")
+        return
+    for impl in ("attention_sink", "affine_scaled"):
+        assert training.compiled_gradients_match(torch, impl, torch.device("cpu"), "aot_eager")["match"], impl
+
+    def scaled(gm, example_inputs):  # a wrong compiler: every output of the captured graph × 1.5
+        def run(*args):
+            out = gm(*args)
+            return type(out)(o * 1.5 if torch.is_tensor(o) and o.is_floating_point() else o for o in out)
+        return run
+
+    wrong = training.compiled_gradients_match(torch, "attention_sink", torch.device("cpu"), scaled)
+    assert not wrong["match"] and wrong["worst_rel_err"] > 0.1
+    monkeypatch.setattr(training, "compiled_gradients_match", lambda *a, **k: dict(match=False, worst="planted"))
+    rows, record = _rows()
+    training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)
+    assert [r["kind"] for r in rows if r["kind"] != "settings"] == ["compile_check", "train"]
+    assert "compiled gradients differ" in rows[-1]["skipped"]
+    rows[1].update(attention="attention_sink", backend="aot_eager", worst_rel_err=0.5, zero_compiled_grads=[])
+    assert "Compiled gradients of attention_sink (aot_eager) **differ from eager's**" in "\n".join(report._render_d(rows))
+
+
 def test_a_failing_build_of_part_e_leaves_the_others_rows(monkeypatch):
     real = init_cost._build
 

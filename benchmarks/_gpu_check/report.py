@@ -157,6 +157,15 @@ def _render_d(rows):
                  f"{st['measured_steps']} measured steps; {st['timing']}. Tuned = today's {st.get('tuned', '')}. "
                  "MFU = (6·N + 12·L·D·T) FLOPs per token (hf_condinit.perf) over the table's peak; × default = "
                  "tokens/s over the 472M default arm of the same configuration.\n")
+    for r in (r for r in rows if r.get("kind") == "compile_check"):
+        if "error" in r:
+            L.append(f"Compiled gradients of {r['attention']}: **check failed**: `{r['error'][:200]}`\n")
+        else:
+            verdict = "match eager's" if r["match"] else "**differ from eager's** (its tuned arm is not timed)"
+            zeroed = f"; zero where eager's are not: {', '.join(r['zero_compiled_grads'])}" if r[
+                "zero_compiled_grads"] else ""
+            L.append(f"Compiled gradients of {r['attention']} ({r['backend']}) {verdict}: worst {r['worst']}, relative "
+                     f"error {r['worst_rel_err']:.1e}{zeroed}.\n")
     train = [r for r in rows if r.get("kind") == "train"]
     refs = {r.get("tuned"): r["tokens_per_s"] for r in train
             if r.get("size") == "472m" and r.get("attention") == "sdpa" and r.get("init") == "default"

@@ -14,6 +14,12 @@ the measured 472M default arm of the same configuration, its seconds per step ×
 set-up, compilation) × the parameter ratio. Each arm is its own row (with the graphs dynamo captured and its graph
 breaks for a tuned arm): an error (e.g. out of memory) is that arm's row and the next arm runs. Smoke mode compiles
 with the ``aot_eager`` backend (dynamo and AOTAutograd without inductor's C++ build).
+
+Before the first tuned arm of each attention, `compiled_gradients_match` compiles a 2-layer fp32 GPT-2 of that
+attention with the tuned backend on the device and compares every parameter's gradient with eager's (a
+``compile_check`` row): a compiled arm whose gradients differ is not timed (its row says why). torch 2.11's compiled
+autograd.Functions once gave the sink and affine_scaled zero attention gradients with eager's loss (issue 41): such
+an arm's throughput would be of a model that does not train.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ REGIONAL = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"
 
 
 def part_d(ctx: dict, record) -> None:
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
     torch = torch_setup(ctx)
     smoke, device = ctx["smoke"], torch.device(ctx["device"])
     warmup, measured = (2, 2) if smoke else (10, 30)
@@ -56,8 +64,22 @@ def part_d(ctx: dict, record) -> None:
            timing="hf_condinit.callbacks.ThroughputCallback (step time device-synchronised; warm-up window dropped)")
     warm_up(torch, device)
     references = {}  # tuned -> the measured 472M default arm of that configuration
+    compile_checks = {}  # attention -> compile_check row
     for label, size, impl, init, tuned, batch in TRAIN_ARMS:
         batch = 2 if smoke else (batch or DEFAULT_BATCH[size])
+        if tuned and torch.__version__ < COMPILE_MIN_TORCH:  # transformers' own forward does not trace there
+            record(kind="train", arm=label, tuned=tuned, skipped=f"torch.compile needs torch >= "
+                   f"{'.'.join(map(str, COMPILE_MIN_TORCH))} (this is torch {torch.__version__})")
+            continue
+        if tuned and impl not in compile_checks:
+            with row_on_error(record, device, kind="compile_check", attention=impl):
+                compile_checks[impl] = dict(kind="compile_check", attention=impl,
+                                            **compiled_gradients_match(torch, impl, device, _backend(smoke)))
+                record(**compile_checks[impl])
+        if tuned and not compile_checks.get(impl, {}).get("match"):
+            record(kind="train", arm=label, tuned=tuned,
+                   skipped="compiled gradients differ from eager's (or the check failed): see its compile_check row")
+            continue
         estimate = None
         reference = references.get(tuned)
         if reference is not None:
@@ -88,7 +110,51 @@ def _compile_env(tuned: bool, smoke: bool) -> dict:
     if not tuned:
         return {}
     os.environ[REGIONAL] = "1"
-    return {"torch_compile": True, "torch_compile_backend": "aot_eager" if smoke else "inductor"}
+    return {"torch_compile": True, "torch_compile_backend": _backend(smoke)}
+
+
+def _backend(smoke: bool) -> str:
+    """The tuned configuration's torch.compile backend."""
+    return "aot_eager" if smoke else "inductor"
+
+
+def compiled_gradients_match(torch, impl: str, device, backend, rtol: float = 1e-4) -> dict:
+    """Whether ``torch.compile(model, backend=backend)`` of a 2-layer fp32 GPT-2 with attention ``impl``
+    (``"spectral"``: SDPA with spectral conditioning λ = 10), holders set to non-trivial values, gives every parameter
+    eager's gradient of one training step on ``device`` (relative L2 error ≤ ``rtol``, per parameter). Returns
+    ``match``, the worst parameter and its error, and the parameters with a zero compiled gradient but not an eager
+    one. ``backend``: a name or a dynamo backend callable."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=128, n_positions=32, attn_pdrop=0.0,
+                        resid_pdrop=0.0, embd_pdrop=0.0)
+    kwargs = {"attn_implementation": "sdpa" if impl == "spectral" else impl}
+    if impl == "spectral":
+        kwargs["condinit"] = {"method": "default", "spectral_lambda": 10.0}
+    torch.manual_seed(0)
+    with torch.device(device):
+        eager = AutoModelForCausalLM.from_config(config, **kwargs).train()
+    with torch.no_grad():
+        for name, p in eager.named_parameters():
+            if "condinit_" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)).to(device))
+    compiled_model = copy.deepcopy(eager)
+    ids = torch.randint(0, config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(2)).to(device)
+    torch._dynamo.reset()
+    eager(ids, labels=ids).loss.backward()
+    torch.compile(compiled_model, backend=backend)(ids, labels=ids).loss.backward()
+    torch._dynamo.reset()
+    errors, zeroed = {}, []
+    for (name, p), q in zip(compiled_model.named_parameters(), eager.parameters()):
+        got = p.grad if p.grad is not None else torch.zeros_like(p)
+        errors[name] = ((got - q.grad).norm() / q.grad.norm().clamp(min=1e-12)).item()
+        if got.abs().max() == 0 < q.grad.abs().max():
+            zeroed.append(name)
+    worst = max(errors, key=errors.get)
+    return dict(match=errors[worst] <= rtol, backend=getattr(backend, "__name__", backend), worst=worst,
+                worst_rel_err=errors[worst], zero_compiled_grads=zeroed)
 
 
 def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, device, smoke, peak,
