@@ -266,9 +266,20 @@ def notes(records):
     return lines
 
 
-def render(records, floors):
-    """The "Supported versions" page: the records' table (in row_key order), notes, floors, how to rerun."""
+def planned_rows(noxfile=ROOT / "noxfile.py"):
+    """The row ids of noxfile.py's ``ROWS`` (read with ast: nox need not be installed)."""
+    import ast
+
+    tree = ast.parse(Path(noxfile).read_text(encoding="utf-8"))
+    return list(next(ast.literal_eval(node.value) for node in tree.body
+                     if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "ROWS"))
+
+
+def render(records, floors, planned=()):
+    """The "Supported versions" page: the records' table (in row_key order), notes, the ``planned`` rows (ids)
+    without a record, floors, how to rerun."""
     records = sorted(records, key=row_key)
+    missing = [row for row in planned if row not in {r["row"] for r in records}]
     floor_list = ", ".join(f"{name} {version}" for name, version in floors.items())
     parts = [
         "# Supported versions",
@@ -278,8 +289,8 @@ def render(records, floors):
         "",
         f"Declared floors (pyproject.toml, `>=`): {floor_list}.",
         "",
-        "Each row is a fresh uv environment (`uv pip install -e \".[dev]\"` plus the row's pins; `floors`: "
-        "`uv pip install --resolution lowest-direct -e \".[dev]\"`, the declared lower bounds, on the lowest declared "
+        "Each row is a fresh uv environment (`uv pip install -e \".[dev]\"` plus the row's pins; `floors`: every "
+        "declared lower bound pinned, `--resolution lowest-direct` for the rest, on the lowest declared "
         "Python) in which the library tests (.ci/run's second pass: `-m \"not slow\"`, without "
         "`tests/test_run_*` and `tests/test_compare_*`) run one pytest process per file, so that a crashed file "
         "(killed by a signal, or a pytest exit code other than 0 / 1 / 5) shows as crashed and the other files "
@@ -289,6 +300,7 @@ def render(records, floors):
         *(table_row(r) for r in records),
         "",
         *notes(records),
+        *([f"- Rows of noxfile.py without a record yet: {', '.join(f'`{r}`' for r in missing)}."] if missing else []),
         "",
         "Run a row: `nox -s \"matrix(row='torch-2.13')\"` (the rows: `nox -l`); every row: `nox -s matrix`. "
         "Regenerate this page from the records: `nox -s versions_report` "
@@ -321,7 +333,7 @@ def main(argv=None):
     sub.add_parser("report", help="write docs/versions.md from the records")
     args = parser.parse_args(argv)
     if args.cmd == "report":
-        PAGE.write_text(render(load_records(), declared_floors()), encoding="utf-8")
+        PAGE.write_text(render(load_records(), declared_floors(), planned_rows()), encoding="utf-8")
         print(f"wrote {PAGE.relative_to(ROOT)}")
         return 0
     record = run_row(args.row, args.command, args.timeout, dict(e.split("=", 1) for e in args.extra_env),

@@ -73,3 +73,9 @@ def test_library_test_files_leave_out_only_the_script_runs():
     files = vr.test_files()
     assert "tests/test_fsdp.py" in files and "tests/test_compile.py" in files
     assert not any(f.startswith(("tests/test_run_", "tests/test_compare_")) for f in files)
+
+
+def test_rows_without_a_record_are_listed():
+    assert vr.planned_rows()[0] == "floors" and "py3.13" in vr.planned_rows()
+    page = vr.render([], {"torch": "2.5"}, ["floors", "py3.13"])
+    assert "- Rows of noxfile.py without a record yet: `floors`, `py3.13`." in page

@@ -161,9 +161,9 @@ def inject(model: nn.Module, layout=None, config=None) -> list[str]:
     What is injected: ``condinit_affine`` when ``config._attn_implementation == "affine_scaled"``,
     ``condinit_sink`` for ``"attention_sink"``, ``condinit_spectral_*`` when ``config.condinit["spectral_lambda"]`` is
     not None. Holders attach to ``layout.core_module(block)`` (the module that calls the attention function).
-    Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice. On torch older
-    than `hf_condinit.attention._common.COMPILE_MIN_TORCH`, ``model`` also gets the pre-hook that refuses torch.compile
-    in one line (`hf_condinit.attention._common.guard_compile`).
+    Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice. Where the
+    running torch refuses to compile the variant (`hf_condinit.attention._common.compile_refusal`), ``model`` also gets
+    the pre-hook that refuses torch.compile in one line (`hf_condinit.attention._common.guard_compile`).
 
     Values are *not* initialised here beyond zeros: the init pass (``reset_condinit_parameters``) or the loaded
     checkpoint writes them; call `hf_condinit.attention.holders.CondInitHolder.reset_condinit_parameters` yourself when

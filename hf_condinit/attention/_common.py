@@ -16,6 +16,8 @@ __all__ = [
     "get_holder",
     "cast_fresh",
     "COMPILE_MIN_TORCH",
+    "COMPILE_WRONG_GRADIENTS",
+    "compile_refusal",
     "guard_compile",
 ]
 
@@ -48,30 +50,52 @@ def cast_fresh(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 #: both and compiles every variant with eager's outputs and gradients (tests/test_compile.py), so does 2.8.0.
 COMPILE_MIN_TORCH = (2, 7)
 
+#: torch releases (major, minor) whose compiled training gives these variants wrong gradients while the outputs equal
+#: eager's: refused there. 2.11 with inductor, affine_scaled + spectral (tests/test_compile.py with
+#: HF_CONDINIT_COMPILE_BACKEND=inductor: ‖Δ grad wte‖ up to 0.71, 34 % of its elements; the version matrix's
+#: torch-2.11 row); aot_eager matches there, but the refusal cannot see the backend.
+COMPILE_WRONG_GRADIENTS = {(2, 11): ("affine_scaled", "spectral conditioning")}
+
 _VARIANT_NAMES = ("affine_scaled", "attention_sink", "preconditioned")
 
 
 @torch._dynamo.assume_constant_result
-def _refuse_compile(variant: str) -> None:
+def _refuse_compile(message: str) -> None:
     """Raise the one-line refusal. ``assume_constant_result``: dynamo runs it for real while tracing, so its message
     reaches the user (the first line of dynamo's error) instead of dynamo's bare "Observed exception"."""
-    raise RuntimeError(f"hf_condinit: torch.compile of a model with {variant} needs torch >= "
-                       f"{'.'.join(map(str, COMPILE_MIN_TORCH))} (this is torch {torch.__version__}); run it eagerly "
-                       f"or upgrade torch")
+    raise RuntimeError(message)
+
+
+def compile_refusal(config) -> str | None:
+    """Why torch.compile of a model with ``config`` is refused on the running torch (one line), or None."""
+    impl = getattr(config, "_attn_implementation", None)
+    spectral = (getattr(config, "condinit", None) or {}).get("spectral_lambda") is not None
+    variants = ([impl] if impl in _VARIANT_NAMES else []) + (["spectral conditioning"] if spectral else [])
+    if not variants:
+        return None
+    what = " and ".join(f"attn_implementation={v!r}" if v in _VARIANT_NAMES else v for v in variants)
+    if torch.__version__ < COMPILE_MIN_TORCH:
+        return (f"hf_condinit: torch.compile of a model with {what} needs torch >= "
+                f"{'.'.join(map(str, COMPILE_MIN_TORCH))} (this is torch {torch.__version__}); run it eagerly or "
+                f"upgrade torch")
+    wrong = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
+    if any(v in wrong for v in variants):
+        return (f"hf_condinit: torch.compile of a model with {what} gives wrong gradients on torch "
+                f"{torch.__version__} (inductor); run it eagerly or use another torch (docs/versions.md)")
+    return None
 
 
 def _refuse_compile_hook(module: nn.Module, args) -> None:
     """Forward pre-hook (`guard_compile`): a no-op eagerly; under torch.compile, the refusal."""
     if torch.compiler.is_compiling():
-        impl = getattr(module.config, "_attn_implementation", None)
-        _refuse_compile(f"attn_implementation={impl!r}" if impl in _VARIANT_NAMES else "spectral conditioning")
+        _refuse_compile(compile_refusal(module.config))
 
 
 def guard_compile(model: nn.Module) -> None:
-    """On torch older than `COMPILE_MIN_TORCH`, make torch.compile of ``model`` (a model with an attention variant or
-    spectral conditioning) fail at its first compiled forward with one line naming the torch it needs, rather than
-    deep inside transformers' code. Idempotent; nothing on newer torch."""
-    if torch.__version__ >= COMPILE_MIN_TORCH:
+    """Where `compile_refusal` refuses ``model`` (a model with an attention variant or spectral conditioning) on the
+    running torch, make torch.compile of it fail at its first compiled forward with that one line, rather than deep
+    inside transformers' code or with wrong gradients. Idempotent; nothing where compile is not refused."""
+    if compile_refusal(model.config) is None:
         return
     if _refuse_compile_hook not in model._forward_pre_hooks.values():
         model.register_forward_pre_hook(_refuse_compile_hook)
