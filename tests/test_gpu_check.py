@@ -81,17 +81,28 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
     speed_rows = [r for r in parts["c"]["rows"] if r["kind"] == "speed"]
     assert {r["impl"] for r in speed_rows} == set(speed.SPEED_IMPLS)
     assert all(r["throughput_vs_sdpa"] == 1.0 for r in speed_rows if r["impl"] == "sdpa")
-    train_rows = [r for r in parts["d"]["rows"] if r["kind"] == "train"]
-    assert [r["arm"] for r in train_rows] == [arm[0] for arm in training.TRAIN_ARMS]
+    all_train = [r for r in parts["d"]["rows"] if r["kind"] == "train"]
+    assert [r["arm"] for r in all_train] == [arm[0] for arm in training.TRAIN_ARMS]
+    # below torch 2.7 (no compile) every compiled arm is skipped with its reason, and only those
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
+    no_compile = torch.__version__ < COMPILE_MIN_TORCH
+    assert all(r["tuned"] for r in all_train if "skipped" in r)
+    assert [r["arm"] for r in all_train if "skipped" in r] == (
+        [a[0] for a in training.TRAIN_ARMS if a[4]] if no_compile else [])
+    train_rows = [r for r in all_train if "skipped" not in r]
     for r in train_rows:
         assert r["tokens_per_s"] > 0 and r["measured_steps"] == 2 and r["mfu"] is None  # no peak on CPU
-    for (label, size, impl, init, tuned, _), r in zip(training.TRAIN_ARMS, train_rows):
+    arms = {arm[0]: arm for arm in training.TRAIN_ARMS}
+    for r in train_rows:
+        label, size, impl, init, tuned, _ = arms[r["arm"]]
         assert r["tuned"] is tuned and r["attention"] == impl and r["init"] == init, label
         # tuned: Trainer compiled the model (dynamo captured graphs); today's: nothing compiled
         assert (r["graphs"] >= 1) if tuned else (r["graphs"] is None), label
     assert all(r["graph_breaks"] == 0 for r in train_rows if r["tuned"] and r["attention"] == "sdpa")
     by_arm = {r["arm"]: r for r in train_rows}
-    assert by_arm["1.72B default tuned"]["estimate"]["flop_ratio"] > 1  # estimated from the 472M tuned arm
+    if not no_compile:
+        assert by_arm["1.72B default tuned"]["estimate"]["flop_ratio"] > 1  # estimated from the 472M tuned arm
     assert by_arm["472M affine_scaled"]["estimate"]["flop_ratio"] == 1  # from today's 472M default arm
     assert "| 472M default tuned | tuned |" in md and "× default" in md
     e = parts["e"]["rows"]
