@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from packaging.version import Version
 
+from ..versions import too_old
 from .errors import UsageError
 from .launch import fsdp_version
 
@@ -33,9 +33,10 @@ FSDP2_ACCELERATE = (1, 6)
 BUFFER_LOADING_ACCELERATE = (1, 16)
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """The release numbers of a version (``2.6.0a0+git`` and ``2.6.0+cu124`` are 2.6: clusters run such builds)."""
-    return Version(version).release
+def _below(version: str, needed: tuple[int, int]) -> bool:
+    """`hf_condinit.versions.too_old` for a (major, minor) floor: release numbers only (``2.6.0a0+git`` and
+    ``2.6.0+cu124`` are 2.6: clusters run such builds)."""
+    return too_old(version, ".".join(map(str, needed)))
 
 
 def fsdp2_missing() -> str | None:
@@ -46,7 +47,7 @@ def fsdp2_missing() -> str | None:
         ("torch", torch.__version__, FSDP2_TORCH, "which added torch.distributed.fsdp.fully_shard"),
         ("accelerate", accelerate.__version__, FSDP2_ACCELERATE, "which added FSDP2 to its FSDP plugin"),
     ):
-        if _release(found)[:2] < needed:
+        if _below(found, needed):
             v = ".".join(map(str, needed))
             return f"FSDP2 (fsdp_version 2) needs {name} >= {v}, {what}; this is {name} {found}: install {name} >= {v}."
     return None
@@ -101,7 +102,7 @@ def patch_accelerate_buffer_loading() -> None:
     import accelerate
     from accelerate.utils import fsdp_utils
 
-    if _release(accelerate.__version__)[:2] < BUFFER_LOADING_ACCELERATE:
+    if _below(accelerate.__version__, BUFFER_LOADING_ACCELERATE):
         fsdp_utils.fsdp2_load_full_state_dict = load_full_state_dict
 
 
