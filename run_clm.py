@@ -73,6 +73,7 @@ from hf_condinit.scripts_common import (
     check_attention_usable,
     check_loaded_model_flags,
     evaluate_with_perplexity,
+    claim_output_dir,
     find_last_checkpoint,
     flags_given,
     make_condition_number_callback,
@@ -422,6 +423,7 @@ def main(argv=None):
 
     # ---- data: a bad file is a user error, and a failed start leaves no new --output_dir behind ------------------
     with user_errors(training_args.output_dir):
+        claim_output_dir(training_args)
         tokenizer, lm = prepare_data(model_args, data_args, training_args, spec, context, block_size)
     train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples, data_args.max_eval_samples)
     if loaded and len(tokenizer) > config.vocab_size:

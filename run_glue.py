@@ -56,6 +56,7 @@ from hf_condinit.scripts_common import (
     CondInitTrainer,
     check_attention_usable,
     check_loaded_model_flags,
+    claim_output_dir,
     find_last_checkpoint,
     make_throughput_callback,
     parse_and_set_up,
@@ -236,6 +237,7 @@ def run_task(
     set_seed(training_args.seed)
 
     with user_errors(training_args.output_dir):
+        claim_output_dir(training_args)
         raw = load_task_datasets(task, data_args, model_args)
         if training_args.do_train and "train" not in raw:
             raise ValueError(f"--do_train needs a training split for {task.name}: pass --train_file.")

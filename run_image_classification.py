@@ -61,6 +61,7 @@ from hf_condinit.scripts_common import (
     UsageError,
     check_attention_usable,
     check_loaded_model_flags,
+    claim_output_dir,
     find_last_checkpoint,
     make_condition_number_callback,
     make_throughput_callback,
@@ -326,6 +327,7 @@ def main(argv: list[str] | None = None) -> dict:
         last_checkpoint = find_last_checkpoint(training_args, logger)
 
     with user_errors(training_args.output_dir):
+        claim_output_dir(training_args)
         data = load_data(model_args, data_args, training_args)
     trainer, train_dataset, eval_dataset = build_trainer(model_args, data_args, cond_args, training_args,
                                                          attention_given, data)

@@ -56,6 +56,7 @@ from hf_condinit.scripts_common import (
     check_attention_usable,
     check_loaded_model_flags,
     evaluate_with_perplexity,
+    claim_output_dir,
     find_last_checkpoint,
     make_throughput_callback,
     parse_and_set_up,
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None):
 
     set_seed(training_args.seed)
     with user_errors(training_args.output_dir):
+        claim_output_dir(training_args)
         tokenizer, lm_datasets = prepare_data(model_args, data_args, training_args)
     model = build_model(model_args, cond_args, tokenizer, data_args, condinit, attention_given)
 

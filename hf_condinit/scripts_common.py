@@ -16,7 +16,9 @@ What every script calls (one call each):
   impossible combination) prints one line ``<script>: error: ...`` on stderr and exits 2, as argparse does; a real
   bug keeps its traceback. ``with user_errors(output_dir):`` turns the ``ValueError`` / ``OSError`` raised inside it
   into a :class:`UsageError` and removes ``output_dir`` if the block created it.
-- :func:`find_last_checkpoint`: the resume-or-stop policy for an ``--output_dir`` that already holds a run.
+- :func:`find_last_checkpoint`: the resume-or-stop policy for an ``--output_dir`` that already holds a run (the
+  newest complete checkpoint); :func:`claim_output_dir`, first inside ``with user_errors(output_dir):``: one run per
+  folder.
 - :func:`check_attention_usable`, :func:`check_loaded_model_flags`, :meth:`CondInitArguments.condinit_dict`: the
   model flags against the machine, the model class and each other, before any work.
 - :class:`CondInitTrainer`: no weight decay on ``condinit_`` holders, biases and norms, a non-finite loss stops the
@@ -36,7 +38,13 @@ from .scripts.deepspeed_checks import check_deepspeed_file, validate_deepspeed_c
 from .scripts.errors import UsageError, run_main, user_errors
 from .scripts.flag_checks import FLAG_RANGES, check_numeric_flags
 from .scripts.launch import launch_summary, launcher_name, report_launch, single_process_warning
-from .scripts.lifecycle import evaluate_with_perplexity, find_last_checkpoint, select_splits, train_and_save
+from .scripts.lifecycle import (
+    claim_output_dir,
+    evaluate_with_perplexity,
+    find_last_checkpoint,
+    select_splits,
+    train_and_save,
+)
 from .scripts.logs import setup_logging
 from .scripts.machine import has_accelerator
 from .scripts.model_checks import check_attention_usable, check_loaded_model_flags
@@ -80,6 +88,7 @@ __all__ = [
     "flags_given",
     "validate_deepspeed_config",
     "CondInitTrainer",
+    "claim_output_dir",
     "no_decay_parameter_names",
     "make_condition_number_callback",
     "make_throughput_callback",

@@ -13,6 +13,11 @@ wrapped, sharded and, with ``cpu_ram_efficient_loading``, broadcast the model) a
 FSDP on CPU: accelerate (1.15, 1.16) applies FSDP only on accelerators;
 :func:`hf_condinit.scripts.launch.enable_cpu_fsdp` lets it shard CPU processes over gloo (torch ``fully_shard``), without which ``--fsdp`` would silently train as DDP.
 
+``"signal": [rank, step]`` sends SIGTERM to that rank alone while it runs that step (issue 34: every rank must stop
+after the same step, with one checkpoint); a job stopped so writes ``<dump>-preempted-rank<r>.json`` (``{"step"}``).
+``"plant": "checkpoint-<n>"`` first makes a damaged checkpoint of that name in the job's ``--output_dir`` (a copy of
+its newest checkpoint without ``trainer_state.json`` and manifest: a save killed half way), which the run must skip.
+
 ``"fault": true`` plants the bug the rank check must catch: ``reduce_over_replicas`` of the module of ``AffineScaledHolder`` (the
 all-reduce of affine_scaled's α statistic over the data-parallel group) becomes the identity, so each rank updates
 α_ma from its own half of the batch alone.
@@ -20,8 +25,11 @@ all-reduce of affine_scaled's α statistic over the data-parallel group) becomes
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
+import signal
 import sys
 
 import torch
@@ -31,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from utils import load_script  # noqa: E402
 
 from hf_condinit.attention import AffineScaledHolder  # noqa: E402
+from hf_condinit.callbacks import TrainingPreempted  # noqa: E402
 from hf_condinit.scripts.launch import enable_cpu_fsdp  # noqa: E402
 
 
@@ -63,6 +72,30 @@ class DumpState(TrainerCallback):
         torch.save(full_state(model), f"{self.prefix}-final-rank{self.rank}.pt")
 
 
+class SignalAt(TrainerCallback):
+    """Send SIGTERM to this process when it begins step ``step`` (1-based), on rank ``rank`` only."""
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step and int(os.environ.get("RANK", "0")) == self.rank:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def plant_damaged(output_dir: str, name: str) -> None:
+    """Rank 0 copies the newest checkpoint of ``output_dir`` to ``name`` without its trainer state and manifest;
+    every rank waits for it."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        newest = max(glob.glob(os.path.join(output_dir, "checkpoint-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
+        shutil.copytree(newest, os.path.join(output_dir, name),
+                        ignore=shutil.ignore_patterns("trainer_state.json", "checkpoint_manifest.json"))
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def run_job(job: dict) -> None:
     module = load_script(job["script"])
     holders = sys.modules[AffineScaledHolder.__module__]  # where the holder's forward looks the reduction up
@@ -70,13 +103,20 @@ def run_job(job: dict) -> None:
 
     def train_and_save(trainer, *args, **kwargs):
         trainer.add_callback(DumpState(job["dump"]))
+        if job.get("signal"):
+            trainer.add_callback(SignalAt(*job["signal"]))
         return original_train(trainer, *args, **kwargs)
 
     module.train_and_save = train_and_save
     if job.get("fault"):
         holders.reduce_over_replicas = lambda total, count, group=None: (total, count)
+    if job.get("plant"):
+        plant_damaged(job["argv"][job["argv"].index("--output_dir") + 1], job["plant"])
     try:
         module.main(job["argv"])
+    except TrainingPreempted as stop:
+        with open(f"{job['dump']}-preempted-rank{os.environ.get('RANK', '0')}.json", "w") as f:
+            json.dump({"step": stop.step}, f)
     finally:
         module.train_and_save, holders.reduce_over_replicas = original_train, original_reduce
 

@@ -35,6 +35,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, TrainingArguments
 
 from hf_condinit.scripts import fsdp_compat
+from hf_condinit.scripts.checkpoints import check_checkpoint
 from hf_condinit.scripts.errors import UsageError
 from hf_condinit.scripts.launch import fsdp_summary, launch_summary
 from utils import REPO, WIKI_TRAIN, gpt2_conditioned_checks, needs
@@ -108,9 +109,9 @@ def runs(tmp_path_factory):
     """Run every job; returns ``(where, fsdp_log)``. ``where/<tag>``: a job's output_dir, ``where/<tag>-...pt``: dumps."""
     where = tmp_path_factory.mktemp("fsdp")
 
-    def job(tag, argv, script="run_clm.py", fault=False):
-        return {"tag": tag, "script": script, "argv": [*argv, "--output_dir", str(where / tag)],
-                "dump": str(where / tag), "fault": fault}
+    def job(tag, argv, script="run_clm.py", fault=False, out=None, **faults):
+        return {"tag": tag, "script": script, "argv": [*argv, "--output_dir", str(where / (out or tag))],
+                "dump": str(where / tag), "fault": fault, **faults}
 
     def clm(flags, batch):
         return [*CLM, *flags, "--max_steps", str(STEPS), "--per_device_train_batch_size", str(batch)]
@@ -130,6 +131,11 @@ def runs(tmp_path_factory):
         job("mlm", [*MLM, "--per_device_train_batch_size", str(PER_RANK),
                     *_fsdp("crammed-bert")], script="run_mlm.py"),
         job("fault", [*clm(VARIANTS["affine"], PER_RANK), *_fsdp("gpt2-472m"), "--save_strategy", "no"], fault=True),
+        # issue 34: SIGTERM on rank 1 alone during step 2; the rerun skips a planted damaged checkpoint-3
+        job("sigterm", [*clm(VARIANTS["affine"], PER_RANK), *_fsdp("gpt2-1.72b"), "--save_strategy", "no"],
+            signal=[1, 2]),
+        job("sigterm-rerun", [*clm(VARIANTS["affine"], PER_RANK), *_fsdp("gpt2-1.72b"), "--save_strategy", "no"],
+            out="sigterm", plant="checkpoint-3"),
     ]
     single_jobs = [job(f"{tag}-single", [*clm(VARIANTS[tag], PER_RANK * RANKS), "--save_strategy", "no"])
                    for tag in VARIANTS]
@@ -179,7 +185,8 @@ def multi_process(test):
 @multi_process
 def test_every_job_ran_under_fsdp2(runs):
     where, log = runs
-    assert log.count("launched by torchrun: world size 2, device cpu, FSDP2 full_shard") == 2  # affine, resumed
+    # affine, resumed, sigterm, sigterm-rerun
+    assert log.count("launched by torchrun: world size 2, device cpu, FSDP2 full_shard") == 4
     assert log.count("launched by torchrun: world size 2, device cpu, FSDP2 shard_grad_op") == 6
     assert "runs as DDP" not in log
     assert (where / "affine" / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # written by FSDP's save only
@@ -243,6 +250,25 @@ def test_resume_is_exact(runs):
     for a, b in zip(uninterrupted, resumed):
         assert set(a) == set(b)
         assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+@multi_process
+def test_sigterm_on_one_rank_stops_every_rank_and_the_rerun_is_exact(runs):
+    """Issue 34: a signal on rank 1 alone stops both ranks after the same step with one complete (atomic) FSDP
+    checkpoint; the rerun of the same command skips a damaged newer checkpoint with a warning and ends bit-equal to
+    the uninterrupted run on every rank."""
+    where, log = runs
+    assert [json.load(open(where / f"sigterm-preempted-rank{r}.json")) for r in range(RANKS)] == [{"step": 2}] * RANKS
+    assert [p.name for p in sorted((where / "sigterm").glob("checkpoint-*"))] == ["checkpoint-2", "checkpoint-3"]
+    assert check_checkpoint(str(where / "sigterm" / "checkpoint-2")) is None
+    assert (where / "sigterm" / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # FSDP's own save
+    assert f"skipping {where / 'sigterm' / 'checkpoint-3'}: has no trainer_state.json" in log
+    uninterrupted, rerun = _dumps(where, "affine"), _dumps(where, "sigterm-rerun")
+    for a, b in zip(uninterrupted, rerun):
+        assert set(a) == set(b)
+        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    results = json.load(open(where / "sigterm" / "train_results.json"))
+    assert results["train_segments"] == 2
 
 
 @multi_process

@@ -26,17 +26,32 @@ def _args(output_dir, do_train=True, resume=None):
     return SimpleNamespace(output_dir=str(output_dir), do_train=do_train, resume_from_checkpoint=resume)
 
 
+def _checkpoint(path):
+    """A minimal complete checkpoint folder (as the stock Trainer writes: weights and trainer state, no manifest)."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    save_file({"w": torch.zeros(2)}, str(path / "model.safetensors"))
+    (path / "trainer_state.json").write_text("{}")
+
+
 def test_find_last_checkpoint_resumes_an_unfinished_run_and_refuses_a_finished_one(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.6.0")  # a torch that can resume (the refusal: the test below)
     out = tmp_path / "run"
     assert find_last_checkpoint(_args(out)) is None  # no folder: a fresh run
     out.mkdir()
     assert find_last_checkpoint(_args(out)) is None  # empty folder: a fresh run
-    (out / "checkpoint-3").mkdir()
-    (out / "checkpoint-10").mkdir()
+    (out / "checkpoint-12").mkdir()  # a save killed half way: skipped
+    with caplog.at_level(logging.WARNING):
+        assert find_last_checkpoint(_args(out)) is None
+    assert "without a complete checkpoint: starting over" in caplog.text
+    _checkpoint(out / "checkpoint-3")
+    _checkpoint(out / "checkpoint-10")
+    caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert find_last_checkpoint(_args(out)) == str(out / "checkpoint-10")
     assert "resuming from" in caplog.text and "pass a new --output_dir" in caplog.text
+    assert f"skipping {out / 'checkpoint-12'}: has no trainer_state.json" in caplog.text
     assert find_last_checkpoint(_args(out, do_train=False)) is None
     assert find_last_checkpoint(_args(out, resume="last")) == str(out / "checkpoint-10")
     (out / "train_results.json").write_text("{}")
@@ -48,8 +63,10 @@ def test_find_last_checkpoint_resumes_an_unfinished_run_and_refuses_a_finished_o
     (other / "model.safetensors").write_text("")
     with pytest.raises(UsageError, match="holds files but no checkpoint"):
         find_last_checkpoint(_args(other))
-    with pytest.raises(UsageError, match="no checkpoint-"):
+    with pytest.raises(UsageError, match="no complete checkpoint-"):
         find_last_checkpoint(_args(other, resume="last"))
+    with pytest.raises(UsageError, match="checkpoint-12: has no trainer_state.json"):
+        find_last_checkpoint(_args(other, resume=str(out / "checkpoint-12")))
     with pytest.raises(UsageError, match="is not a directory"):
         find_last_checkpoint(_args(other, resume=str(tmp_path / "nope")))
 
@@ -60,7 +77,7 @@ def test_find_last_checkpoint_refuses_a_resume_below_torch_2_6(tmp_path, monkeyp
     built: the scripts say so before any model work, for an explicit and for an automatic resume."""
     monkeypatch.setattr(torch, "__version__", version)
     out = tmp_path / "run"
-    (out / "checkpoint-4").mkdir(parents=True)
+    _checkpoint(out / "checkpoint-4")
     for args in (_args(out), _args(out, resume="last"), _args(tmp_path, resume=str(out / "checkpoint-4"))):
         if version.startswith("2.5"):
             with pytest.raises(UsageError, match=r"^resuming from .*checkpoint-4 needs torch>=2\.6 \(found 2\.5\.1\+cu124"):

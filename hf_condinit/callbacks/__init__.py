@@ -5,6 +5,8 @@
 - :mod:`.report`: :class:`RunReportCallback`, write ``loss.png``, ``kappa.png`` and the model card when training ends.
 - :mod:`.throughput`: :class:`ThroughputCallback`, tokens/s, MFU and peak accelerator memory on every log line.
 - :mod:`.non_finite`: :class:`NonFiniteLossCallback`, stop a run whose loss becomes NaN/inf with an error.
+- :mod:`.preemption`: :class:`PreemptionCallback`, SIGTERM / SIGINT / SIGUSR1 save a checkpoint and stop cleanly.
+- :mod:`.run_totals`: :class:`RunTotalsCallback`, the run's loss and wall time over every resumed segment.
 """
 
 from .condition_number import (
@@ -18,6 +20,8 @@ from .init import ConditionedInitCallback
 from .report import RunReportCallback
 from .throughput import ThroughputCallback, add_throughput_callback
 from .non_finite import NonFiniteLossCallback, NonFiniteLossError
+from .preemption import PREEMPTED_EXIT_CODE, PreemptionCallback, TrainingPreempted
+from .run_totals import RunTotalsCallback
 
 __all__ = [
     "DEFAULT_EVERY_N_STEPS",
@@ -30,5 +34,9 @@ __all__ = [
     "add_throughput_callback",
     "NonFiniteLossCallback",
     "NonFiniteLossError",
+    "PREEMPTED_EXIT_CODE",
+    "PreemptionCallback",
+    "RunTotalsCallback",
+    "TrainingPreempted",
     "build_probe",
 ]

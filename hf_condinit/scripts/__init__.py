@@ -11,6 +11,8 @@
 - :mod:`.model_checks`: ``--attention`` and the init flags against the machine and the model;
 - :mod:`.model_config`: ``--model_config`` / ``--config_overrides``;
 - :mod:`.trainer`: :class:`~.trainer.CondInitTrainer` and the callbacks the flags add;
-- :mod:`.lifecycle`: resume-or-stop, splits, train and save, evaluate;
+- :mod:`.lifecycle`: resume-or-stop, the folder's lock, splits, train and save, evaluate;
+- :mod:`.checkpoints`: atomic checkpoints, their check before a resume, rotation, a full disk;
+- :mod:`.run_lock`: one run per ``--output_dir``;
 - :mod:`.logs`: quiet HF-example logging.
 """

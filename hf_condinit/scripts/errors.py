@@ -43,16 +43,27 @@ def user_errors(output_dir: str | None = None):
 
 def run_main(main: Callable, argv: list[str] | None = None, prog: str | None = None):
     """Run a script's ``main(argv)``: a :class:`UsageError` becomes ``<prog>: error: <message>`` (one line) on stderr
-    and exit code 2; a :class:`hf_condinit.callbacks.NonFiniteLossError` one line and exit code 1; everything else
-    propagates with its traceback. Use as ``if __name__ == "__main__": run_main(main)``."""
-    from ..callbacks import NonFiniteLossError
+    and exit code 2; a :class:`hf_condinit.callbacks.NonFiniteLossError` or a
+    :class:`~.checkpoints.CheckpointSaveError` (e.g. a full disk) one line and exit code 1; a
+    :class:`hf_condinit.callbacks.TrainingPreempted` (a signal stopped training after a checkpoint) one line
+    ``<prog>: <message>`` and exit code :data:`hf_condinit.callbacks.PREEMPTED_EXIT_CODE` (75); everything else
+    propagates with its traceback. A normal return clears the ``--output_dir`` lock's record (:mod:`.run_lock`).
+    Use as ``if __name__ == "__main__": run_main(main)``."""
+    from ..callbacks import PREEMPTED_EXIT_CODE, NonFiniteLossError, TrainingPreempted
+    from . import run_lock
+    from .checkpoints import CheckpointSaveError
 
     prog = prog or os.path.basename(sys.argv[0])
     try:
-        return main(argv)
+        result = main(argv)
     except UsageError as err:
         print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)
-    except NonFiniteLossError as err:
+    except (NonFiniteLossError, CheckpointSaveError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(1)
+    except TrainingPreempted as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
+    run_lock.release_all(clear=True)  # a normal end: the next run in the folder finds no record of a failed one
+    return result

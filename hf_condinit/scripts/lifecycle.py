@@ -1,4 +1,5 @@
-"""A run's life after parsing: resume or stop (:func:`find_last_checkpoint`), the splits, train and save, evaluate."""
+"""A run's life after parsing: resume or stop (:func:`find_last_checkpoint`), the folder's lock
+(:func:`claim_output_dir`), the splits, train and save (a signal ends it with :class:`TrainingPreempted`), evaluate."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import math
 import os
 
 from ..versions import RESUME_MIN_TORCH, torch_below
+from . import run_lock
+from .checkpoints import STAGING_DIR, check_checkpoint, checkpoints_newest_first, newest_complete_checkpoint
 from .errors import UsageError
 from .machine import machine_summary
 
@@ -17,12 +20,19 @@ def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -
     """The checkpoint to resume from, by the policy that a rerun never destroys an earlier run. Call it before any
     data or model work; pass its result to ``trainer.train(resume_from_checkpoint=...)``.
 
-    - ``--resume_from_checkpoint DIR`` (or ``last``/``latest``/``true``: the newest ``checkpoint-*`` in
-      ``--output_dir``): that checkpoint; a missing one is a :class:`UsageError`.
-    - not training, or ``--output_dir`` missing or empty: ``None`` (a fresh run).
-    - ``--output_dir`` holds ``checkpoint-*`` of an unfinished run (no ``train_results.json``): the newest one;
-      the run **resumes**, and says so in one line (with how to start over instead).
-    - ``--output_dir`` holds a finished run, or files without a checkpoint: :class:`UsageError` naming both ways
+    - ``--output_dir`` in use by a live run (:mod:`.run_lock`): :class:`UsageError` naming it.
+    - ``--resume_from_checkpoint DIR`` (or ``last``/``latest``/``true``: the newest complete ``checkpoint-*`` in
+      ``--output_dir``): that checkpoint; a missing, incomplete or damaged one
+      (:func:`.checkpoints.check_checkpoint`) is a :class:`UsageError` saying what is wrong.
+    - not training, or ``--output_dir`` missing or empty (but for the lock and a killed save's staging folder):
+      ``None`` (a fresh run).
+    - ``--output_dir`` holds ``checkpoint-*`` of an unfinished run (no ``train_results.json``): the newest *complete,
+      readable* one (each newer damaged one skipped with one warning, never deleted); the run **resumes**, and says so
+      in one line (with how to start over instead). When none is complete, the run starts over in the folder (the
+      damaged ones are kept, and moved aside if a new checkpoint needs the name).
+    - ``--output_dir`` holds files of a run of this plugin that died before its first checkpoint (its lock record
+      left behind, :func:`.run_lock.dead_holder`): ``None``, the run starts over, with one warning.
+    - ``--output_dir`` holds a finished run, or other files without a checkpoint: :class:`UsageError` naming both ways
       on (a new ``--output_dir``, or ``--resume_from_checkpoint`` to continue that run).
 
     A resume on torch < `hf_condinit.versions.RESUME_MIN_TORCH` is a :class:`UsageError` too (transformers refuses to
@@ -42,34 +52,56 @@ def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -
 
 def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str | None:
     """`find_last_checkpoint`'s policy, without the torch check."""
-    from transformers.trainer_utils import get_last_checkpoint
-
+    log = logger_ or logger
     out = training_args.output_dir
+    run_lock.refuse_if_busy(out)
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("last", "latest", "true"):
-        found = get_last_checkpoint(out) if os.path.isdir(out) else None
+        found = newest_complete_checkpoint(out, log)
         if found is None:
-            raise UsageError(f"--resume_from_checkpoint {resume}: no checkpoint-* in --output_dir {out}.")
+            raise UsageError(f"--resume_from_checkpoint {resume}: no complete checkpoint-* in --output_dir {out}.")
         return found
     if resume is not None:
         if not os.path.isdir(resume):
             raise UsageError(f"--resume_from_checkpoint {resume!r} is not a directory.")
+        problem = check_checkpoint(resume)
+        if problem:
+            raise UsageError(f"--resume_from_checkpoint {resume}: {problem}; name an earlier checkpoint.")
         return resume
-    if not training_args.do_train or not os.path.isdir(out) or not os.listdir(out):
+    own = {run_lock.LOCK_NAME, STAGING_DIR}
+    if not training_args.do_train or not os.path.isdir(out) or not set(os.listdir(out)) - own:
         return None
-    last = get_last_checkpoint(out)
-    if last is not None and not os.path.exists(os.path.join(out, "train_results.json")):
-        (logger_ or logger).warning(
+    finished = os.path.exists(os.path.join(out, "train_results.json"))
+    if not finished and checkpoints_newest_first(out):
+        last = newest_complete_checkpoint(out, log)
+        if last is None:
+            log.warning(f"--output_dir {out} holds an unfinished run without a complete checkpoint: starting over "
+                        f"(its checkpoint folders are kept)")
+            return None
+        log.warning(
             f"--output_dir {out} holds an unfinished run: resuming from {last} (for a fresh run, pass a new "
             f"--output_dir or delete {out})."
         )
         return last
+    died = None if finished else run_lock.dead_holder(out)
+    if died:
+        log.warning(f"--output_dir {out} holds a run that stopped before its first checkpoint ({died.get('command')},"
+                    f" PID {died.get('pid')} on {died.get('host')}): starting over")
+        return None
+    last = newest_complete_checkpoint(out, log)
     what = "a finished run" if os.path.exists(os.path.join(out, "train_results.json")) else "files but no checkpoint"
     hint = f"--resume_from_checkpoint {last}" if last else "--resume_from_checkpoint <checkpoint>"
     raise UsageError(
         f"--output_dir {out} already holds {what}; pass a new --output_dir (or delete that one), or {hint} to "
         f"continue it."
     )
+
+
+def claim_output_dir(training_args) -> None:
+    """Take ``--output_dir``'s lock for this run (:func:`.run_lock.claim`: one run per folder; rank 0 takes it for
+    every rank). Call it first inside the script's ``with user_errors(training_args.output_dir):`` block, where the
+    run starts writing: a second run into the folder then stops with one line (exit 2) before any work."""
+    run_lock.claim(training_args.output_dir)
 
 
 def select_splits(lm_datasets, training_args, max_train_samples: int | None = None, max_eval_samples: int | None = None):
@@ -111,13 +143,27 @@ def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_si
     and load its speed was measured under (:func:`throughput_context`). Returns the metrics.
 
     The run's report (``loss.png``, ``kappa.png``, model card ``README.md``) is written when training ends and the
-    card refreshed after the script's final evaluation (``hf_condinit.callbacks.RunReportCallback``)."""
-    from ..callbacks import RunReportCallback
+    card refreshed after the script's final evaluation (``hf_condinit.callbacks.RunReportCallback``).
+
+    With a :class:`~.trainer.CondInitTrainer`: a signal (SIGTERM / SIGINT / SIGUSR1) during training saves a
+    checkpoint and raises :class:`hf_condinit.callbacks.TrainingPreempted` instead of finishing the run (no final
+    model, no ``train_results.json``: the rerun resumes); ``train_loss``, ``train_wall_seconds`` and
+    ``train_segments`` cover every resumed segment (:class:`hf_condinit.callbacks.RunTotalsCallback`; the stock
+    Trainer's figures for the last segment alone stay as ``train_runtime`` and ``train_samples_per_second``)."""
+    from ..callbacks import RunReportCallback, TrainingPreempted
 
     RunReportCallback.attach(trainer)
     train_result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    preemption = getattr(trainer, "preemption", None)
+    if preemption is not None and preemption.stopped_early(trainer.state):
+        saved = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+        raise TrainingPreempted(preemption.received, saved, trainer.state.global_step, trainer.state.max_steps)
     trainer.save_model()
     metrics = dict(train_result.metrics)
+    totals = getattr(trainer, "run_totals", None)
+    if totals is not None:
+        metrics.pop("train_loss", None)
+        metrics.update(totals.metrics(trainer.state.global_step))
     metrics["train_samples"] = len(train_dataset)
     if block_size and "train_samples_per_second" in metrics:
         metrics["train_tokens_per_second"] = round(metrics["train_samples_per_second"] * block_size, 1)

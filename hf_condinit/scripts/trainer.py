@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
+from . import checkpoints
 from .arguments import CondInitArguments
 
 
@@ -35,13 +39,26 @@ except ImportError:  # pragma: no cover
 class CondInitTrainer(_Trainer):
     """``Trainer`` whose weight-decay groups exclude ``condinit_`` holders, biases and norms
     (:func:`no_decay_parameter_names`), which stops a run whose loss becomes non-finite
-    (:class:`hf_condinit.callbacks.NonFiniteLossCallback`, added to every instance) and which does not warn about
-    tied weights (``lm_head.weight``) that a checkpoint leaves out by design. Otherwise the stock Trainer."""
+    (:class:`hf_condinit.callbacks.NonFiniteLossCallback`) and which does not warn about tied weights
+    (``lm_head.weight``) that a checkpoint leaves out by design. For long runs on a cluster (issue 34):
+
+    - checkpoints are atomic (:meth:`_save_checkpoint`, :mod:`.checkpoints`): staged, fsynced, manifest last, renamed
+      into place; ``--save_total_limit`` deletes old ones only after the new one is complete; a save that finds no
+      room says so (:class:`.checkpoints.CheckpointSaveError`) and leaves the previous checkpoint intact;
+    - SIGTERM / SIGINT / SIGUSR1 save a checkpoint at the end of the step and stop
+      (:class:`hf_condinit.callbacks.PreemptionCallback`, ``self.preemption``);
+    - the run's loss, wall time and segment count span resumes (:class:`hf_condinit.callbacks.RunTotalsCallback`,
+      ``self.run_totals``).
+
+    Every callback above is added to every instance. Otherwise the stock Trainer."""
 
     def __init__(self, *args, callbacks=None, **kwargs):
-        from ..callbacks import NonFiniteLossCallback
+        from ..callbacks import NonFiniteLossCallback, PreemptionCallback, RunTotalsCallback
 
-        super().__init__(*args, callbacks=[*(callbacks or []), NonFiniteLossCallback()], **kwargs)
+        self.preemption, self.run_totals = PreemptionCallback(), RunTotalsCallback()
+        self._staging_root = None
+        extra = [NonFiniteLossCallback(), self.preemption, self.run_totals]
+        super().__init__(*args, callbacks=[*(callbacks or []), *extra], **kwargs)
 
     def get_decay_parameter_names(self, model) -> list[str]:
         skip = no_decay_parameter_names(model)
@@ -53,6 +70,62 @@ class CondInitTrainer(_Trainer):
             self.model.tie_weights()
             load_result = load_result._replace(missing_keys=[])
         super()._issue_warnings_after_load(load_result)
+
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        self.run_totals.add_loss(loss)
+        return loss
+
+    def _get_output_dir(self, trial):
+        # while a checkpoint is being saved, the Trainer writes it under the staging folder (see _save_checkpoint)
+        return self._staging_root or super()._get_output_dir(trial=trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The stock save, made atomic: every rank writes into ``<run>/.checkpoint-staging/checkpoint-<step>``; once
+        all have (barrier), the saving process fsyncs the files, writes the manifest last and renames the folder to
+        ``<run>/checkpoint-<step>`` (:func:`.checkpoints.publish`), then applies ``--save_total_limit`` over the
+        complete checkpoints. Before writing, a save that would not fit next to the last checkpoint (its size) stops
+        the run with :class:`.checkpoints.CheckpointSaveError`; so does a save that fails for lack of space."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from ..callbacks.run_totals import STATE_KEY
+
+        run_dir = super()._get_output_dir(trial=trial)
+        step = self.state.global_step
+        name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        root = os.path.join(run_dir, checkpoints.STAGING_DIR)
+        staged, final = os.path.join(root, name), os.path.join(run_dir, name)
+        previous = next((p for p in checkpoints.checkpoints_newest_first(run_dir)
+                         if checkpoints.check_checkpoint(p) is None), None)
+        needed = checkpoints.checkpoint_size(previous) if previous else None
+        if self.args.should_save:
+            shutil.rmtree(root, ignore_errors=True)  # a killed save's leftovers: never a visible checkpoint
+            os.makedirs(root, exist_ok=True)
+        if needed and shutil.disk_usage(run_dir).free < needed:
+            raise checkpoints.disk_full_error(run_dir, step, needed, previous)
+        self.state.stateful_callbacks[STATE_KEY] = self.run_totals.snapshot()
+        self.accelerator.wait_for_everyone()
+        self._staging_root = root
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as err:
+            if not checkpoints.is_disk_full(err, run_dir, needed):
+                raise
+            if self.args.should_save:
+                shutil.rmtree(root, ignore_errors=True)
+            raise checkpoints.disk_full_error(run_dir, step, needed, previous) from err
+        finally:
+            self._staging_root = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            if self.state.best_model_checkpoint == staged:  # the Trainer recorded the staging path: point at the final
+                self.state.best_model_checkpoint = final
+                self.state.save_to_json(os.path.join(staged, "trainer_state.json"))
+            checkpoints.write_manifest(staged, step)
+            checkpoints.publish(staged, final)
+            shutil.rmtree(root, ignore_errors=True)
+            checkpoints.rotate(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+        self.accelerator.wait_for_everyone()
 
 
 def make_condition_number_callback(cond_args: CondInitArguments, dataset, trainer=None, probe_inputs=None):
