@@ -26,6 +26,7 @@ on 2 cores shared with other jobs (load average 15; the two launches 68 s of it)
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,10 +36,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, TrainingArguments
 
 from hf_condinit.scripts import fsdp_compat
-from hf_condinit.scripts.checkpoints import check_checkpoint
+from hf_condinit.scripts.checkpoints import MANIFEST_NAME, STAGING_DIR, check_checkpoint, newest_complete_checkpoint
 from hf_condinit.scripts.errors import UsageError
 from hf_condinit.scripts.launch import fsdp_summary, launch_summary
-from utils import REPO, WIKI_TRAIN, gpt2_conditioned_checks, needs
+from utils import REPO, WIKI_TRAIN, checkpoint_write_order, copy_files, gpt2_conditioned_checks, needs
 
 FSDP_CONFIGS = {name: os.path.join(REPO, "fsdp_configs", f"{name}.json")
                 for name in ("gpt2-472m", "gpt2-1.72b", "crammed-bert")}
@@ -269,6 +270,35 @@ def test_sigterm_on_one_rank_stops_every_rank_and_the_rerun_is_exact(runs):
         assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
     results = json.load(open(where / "sigterm" / "train_results.json"))
     assert results["train_segments"] == 2
+
+
+@multi_process
+def test_fsdp_checkpoint_killed_at_every_stage_or_damaged_is_skipped(runs, tmp_path):
+    """Issue 34 on FSDP2's checkpoint files: a copy of the run with checkpoint-4's save stopped after each file
+    (staged, as this plugin saves; and in place, as an older version saved) or with one file truncated resumes from
+    checkpoint-2."""
+    where, _ = runs
+    source = where / "affine" / "checkpoint-4"
+    order = checkpoint_write_order(source)
+    assert "pytorch_model_fsdp.bin" in order and order[-1] == MANIFEST_NAME
+    for k in range(len(order)):
+        run = tmp_path / f"stage{k}"
+        shutil.copytree(where / "affine" / "checkpoint-2", run / "checkpoint-2")
+        copy_files(source, run / STAGING_DIR / "checkpoint-4", order[:k])
+        copy_files(source, run / "checkpoint-4", [f for f in order[:k] if f != MANIFEST_NAME])
+        complete_in_place = set(order[:-1]) <= set(order[:k])
+        expected = "checkpoint-4" if complete_in_place else "checkpoint-2"
+        assert newest_complete_checkpoint(str(run)) == str(run / expected), order[:k]
+    for name in [f for f in order if f.endswith((".bin", ".pt", ".pth", ".json", ".safetensors"))]:
+        run = tmp_path / f"damaged-{name.replace('/', '_')}"
+        for step in (2, 4):
+            shutil.copytree(where / "affine" / f"checkpoint-{step}", run / f"checkpoint-{step}")
+        with open(run / "checkpoint-4" / name, "r+b") as f:
+            f.truncate(os.path.getsize(run / "checkpoint-4" / name) // 2)
+        expected = f"{name} is unreadable" if name == MANIFEST_NAME else \
+            f"{name} is truncated ({os.path.getsize(run / 'checkpoint-4' / name)} of {os.path.getsize(source / name)} bytes)"
+        assert check_checkpoint(str(run / "checkpoint-4")) == expected
+        assert newest_complete_checkpoint(str(run)) == str(run / "checkpoint-2")
 
 
 @multi_process

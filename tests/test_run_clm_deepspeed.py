@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import hf_condinit  # noqa: E402,F401
+from hf_condinit.scripts.checkpoints import MANIFEST_NAME, STAGING_DIR, check_checkpoint  # noqa: E402
 
 from utils import REPO, TINYSTORIES, gpt2_conditioned_checks, needs  # noqa: E402
 
@@ -71,8 +72,14 @@ def _losses(out):
 
 def test_zero2_two_processes_deepspeed_launcher(ts_file, tmp_path):
     out = tmp_path / "z2"
-    log = _run("deepspeed", "zero2.json", ts_file, out, ["--max_steps", "3", "--learning_rate", "1e-3"])
+    log = _run("deepspeed", "zero2.json", ts_file, out, ["--max_steps", "3", "--learning_rate", "1e-3",
+                                                         "--save_strategy", "steps", "--save_steps", "2"])
     assert log.count("launched by deepspeed: world size 2, device cpu, DeepSpeed ZeRO-2") == 1  # rank 0 only
+    # issue 34: DeepSpeed's checkpoint (its global_step folder, every rank's optimizer shard) published whole
+    assert check_checkpoint(str(out / "checkpoint-2")) is None and not (out / STAGING_DIR).exists()
+    manifest = json.loads((out / "checkpoint-2" / MANIFEST_NAME).read_text())["files"]
+    assert {"latest", "global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= set(manifest), sorted(manifest)
     assert "DeepSpeed enabled" not in log  # issue 22: no per-rank WARNING line any more
     losses = _losses(out)
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)

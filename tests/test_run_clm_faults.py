@@ -9,8 +9,8 @@ every 2), against one uninterrupted reference run:
 - SIGTERM mid-run: a checkpoint at the end of that step, one line, exit 75; the rerun ends bit-identical and its
   ``train_loss`` covers the whole run; a repeated SIGTERM is ignored, a second Ctrl-C ends the process at once;
 - a second run into a busy folder: one line, exit 2; a dead holder's lock is taken over with a warning;
-- a full disk (a 4 MiB tmpfs, as root): one line naming the folder, the errno and the free space, exit 1; a clean
-  rerun once there is room.
+- a full disk (a tmpfs, as root): one line naming the folder, the errno and the free space, exit 1, whether the save
+  failed half way or could not fit beside the last checkpoint; a clean rerun once there is room.
 
 The two-process (FSDP2) side is in tests/test_fsdp.py (``test_sigterm_on_one_rank_stops_every_rank``).
 """
@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -31,7 +30,7 @@ from safetensors.torch import load_file
 from hf_condinit.callbacks import PREEMPTED_EXIT_CODE, PreemptionCallback, TrainingPreempted
 from hf_condinit.scripts import checkpoints, run_lock
 from hf_condinit.scripts.errors import run_main
-from utils import REPO, TINYSTORIES, load_script, needs
+from utils import REPO, TINYSTORIES, checkpoint_write_order, copy_files, load_script, needs
 
 run_clm = load_script("run_clm.py")
 pytestmark = needs(TINYSTORIES)
@@ -56,18 +55,6 @@ def _final(out):
 def _assert_same_model(a, b):
     assert a.keys() == b.keys()
     assert not [k for k in a if not torch.equal(a[k], b[k])]
-
-
-def _write_order(folder):
-    """The files of a checkpoint in the order they were written (mtime), the manifest last."""
-    files = [os.path.relpath(os.path.join(r, n), folder) for r, _, ns in os.walk(folder) for n in ns]
-    return sorted(files, key=lambda rel: (rel == checkpoints.MANIFEST_NAME, os.stat(os.path.join(folder, rel)).st_mtime_ns))
-
-
-def _copy_first(src, dst, files):
-    for rel in files:
-        os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
-        shutil.copy2(os.path.join(src, rel), os.path.join(dst, rel))
 
 
 def _unfinished_copy(reference, dst, upto):
@@ -149,14 +136,14 @@ def test_a_kill_at_every_stage_of_a_save_resumes_from_the_last_complete_checkpoi
     version, or the stock Trainer) killed there; the rerun's choice is checkpoint-4 until the save is complete.
     One stage (everything but the manifest, beside an in-place half) is rerun to the end."""
     source = os.path.join(reference, "checkpoint-6")
-    order = _write_order(source)
+    order = checkpoint_write_order(source)
     assert order[-1] == checkpoints.MANIFEST_NAME and len(order) >= 8, order
     for k in range(len(order)):
         out = tmp_path / f"stage{k}"
         _unfinished_copy(reference, out, 4)
-        _copy_first(source, out / checkpoints.STAGING_DIR / "checkpoint-6", order[:k])
+        copy_files(source, out / checkpoints.STAGING_DIR / "checkpoint-6", order[:k])
         assert checkpoints.newest_complete_checkpoint(str(out)) == str(out / "checkpoint-4"), order[:k]
-        _copy_first(source, out / "checkpoint-6", [f for f in order[:k] if f != checkpoints.MANIFEST_NAME])
+        copy_files(source, out / "checkpoint-6", [f for f in order[:k] if f != checkpoints.MANIFEST_NAME])
         legacy_complete = set(order[:-1]) <= set(order[:k])
         expected = "checkpoint-6" if legacy_complete else "checkpoint-4"
         assert checkpoints.newest_complete_checkpoint(str(out)) == str(out / expected), order[:k]
@@ -279,7 +266,9 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(where)])
 
 
-def test_a_full_disk_says_so_and_a_rerun_with_room_is_clean(small_disk, tmp_path, ts_file, capsys):
+def test_a_full_disk_says_so_and_a_rerun_with_room_is_clean(small_disk, reference, ts_file, capsys):
+    """4 MiB: the first save fails half way (torch's writer says only "unexpected pos"); 10 MiB: the second save does
+    not fit beside the first and is refused before writing; 64 MiB: the rerun ends with the uninterrupted model."""
     out = small_disk / "run"
     argv = _argv(ts_file, out)
     with pytest.raises(SystemExit) as info:
@@ -290,6 +279,16 @@ def test_a_full_disk_says_so_and_a_rerun_with_room_is_clean(small_disk, tmp_path
                              f"device (") and "MiB free" in err[0] and "no earlier checkpoint" in err[0], err[0]
     assert not list(out.glob("checkpoint-*")) and not (out / checkpoints.STAGING_DIR).exists()
     run_lock.release(str(out))  # the failed process ends: its record stays
+    # room for one checkpoint, not two: the free-space check refuses the second save before writing anything
+    subprocess.run(["mount", "-o", "remount,size=10m", str(small_disk)], check=True)
+    with pytest.raises(SystemExit) as info:
+        run_main(run_clm.main, argv, prog="run_clm.py")
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("run_clm.py")]
+    assert info.value.code == 1 and len(err) == 1, err
+    assert "saving checkpoint-4" in err[0] and "the checkpoint needs about" in err[0], err[0]
+    assert f"{out}/checkpoint-2 is intact; free space and rerun the same command" in err[0], err[0]
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+    run_lock.release(str(out))
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     run_clm.main(argv)
-    assert (out / "train_results.json").exists() and checkpoints.check_checkpoint(str(out / "checkpoint-6")) is None
+    _assert_same_model(_final(out), _final(reference))

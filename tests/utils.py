@@ -48,6 +48,28 @@ def load_script(relative_path: str, name: str | None = None):
     spec.loader.exec_module(module)
     return module
 
+
+def checkpoint_write_order(folder) -> list[str]:
+    """The files of a checkpoint folder (relative paths) in the order they were written (mtime), its manifest last:
+    the stages at which a kill during its save can stop (issue 34)."""
+    import os
+
+    from hf_condinit.scripts.checkpoints import MANIFEST_NAME
+
+    files = [os.path.relpath(os.path.join(r, n), folder) for r, _, ns in os.walk(folder) for n in ns]
+    return sorted(files, key=lambda rel: (rel == MANIFEST_NAME, os.stat(os.path.join(folder, rel)).st_mtime_ns))
+
+
+def copy_files(src, dst, files) -> None:
+    """Copy ``files`` (paths relative to ``src``) into ``dst``, creating folders."""
+    import os
+    import shutil
+
+    for rel in files:
+        os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+        shutil.copy2(os.path.join(src, rel), os.path.join(dst, rel))
+
+
 # model_type -> kwargs of AutoConfig.for_model; every model_type of layouts/table.py must appear here.
 MINI_CONFIGS = {
     "gpt2": dict(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0),
