@@ -7,8 +7,9 @@ It needs torch, transformers and accelerate only (no deepspeed, datasets or eval
 and no install: the repository root is put on ``sys.path``, so a checkout runs as it is (the exact command for the
 lent GPU machine: docs/pretraining.md, "Throughput"). Tested against the oldest transformers the project declares.
 
-Parts, in order, each in its own forked process under its own time cap (``--cap PART=SECONDS`` overrides), so a slow
-or hung part is killed and the next one runs. Each row goes to ``OUT/rows.jsonl`` the moment it is measured, and
+Parts, in order, each in its own forked process under its own time cap (``--cap PART=SECONDS`` overrides) plus the
+time the parts before it left unused (the run never takes longer than the sum of the caps), so a slow or hung part
+is killed and the next one runs. Each row goes to ``OUT/rows.jsonl`` the moment it is measured, and
 ``OUT/gpu_check.json`` / ``OUT/gpu_check.md`` are rewritten after every row (a killed run keeps what it measured);
 with ``OUT/status.json`` that is four files in one folder. Within a part, every implementation, arm and build runs
 on its own: an error (out of memory, a kernel that refuses) is one row with its message and the part goes on.
@@ -27,15 +28,18 @@ c. **attention speed, memory and kernels** (`_gpu_check/speed.py`): forward + ba
    (1280 wide, 20 heads of 64, bf16) at sequence 1024 / 4096 / 8192 with 32,768 tokens per step, for sdpa, eager,
    affine_scaled, attention_sink, preconditioned, spectral (``benchmarks/attention_speed.py``): tokens/s and peak
    ``torch.cuda.max_memory_allocated`` as ratios to sdpa; and for each, the SDPA kernel family that ran (profiler)
-   and whether it runs on flash / memory-efficient / cuDNN alone and with the math kernel disabled;
+   and whether it runs on flash / memory-efficient / cuDNN alone and with the math kernel disabled (and what ran
+   there); for the attention sink, the path its calls took (its fused lse kernel or the virtual-key fallback) and
+   why, recorded from the calls themselves;
 d. **training** (`_gpu_check/training.py`): GPT-2 472M (``configs/gpt2-472m.json``) and 1.72B, bf16 mixed
    precision, plain ``transformers.Trainer`` in one process (ZeRO partitions nothing on one GPU; the DeepSpeed path
    is covered by the CPU tests), fused AdamW, random tokens at 1024, 10 warm-up + 30 measured steps per arm, today's
    configuration and the tuned one side by side (same model, same batch; tuned = + ``torch_compile`` with
    accelerate's regional compilation): 472M default both ways, 1.72B tuned, each attention variant tuned, the
    conditioned init tuned, larger micro-batches, then today's 1.72B and affine_scaled, each run only if the time it
-   is estimated to need (measured s/step × FLOP ratio) is left. Tokens/s, MFU and peak memory come from
-   `hf_condinit.callbacks.ThroughputCallback`;
+   is estimated to need is left (build × parameter ratio, compilation × compiled-graph ratio, s/step × FLOP ratio,
+   from the measured 472M default arm; the estimate is recorded beside the seconds the arm took). Tokens/s, MFU
+   and peak memory come from `hf_condinit.callbacks.ThroughputCallback`;
 e. **init cost** (`_gpu_check/init_cost.py`): after throwaway warm-up builds, building the 472M and 1.72B configs
    on the device (fp32) with the default, conditioned and mimetic init (seconds, ratio to the default build, peak
    allocator memory; mimetic 1.72B on 4 of its 48 layers beside the same cut default build, extrapolated and

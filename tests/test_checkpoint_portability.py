@@ -77,6 +77,8 @@ PLAIN_LOADER = textwrap.dedent(
             logits = model(**ref["inputs"]).logits
         out["class"] = type(model).__name__
         out["maxdiff"] = (logits - ref["logits"]).abs().max().item()
+        out["passes_requests"] = any(getattr(h, "__name__", "") == "pass_attention_request"
+                                     for h in model._forward_pre_hooks.values())
         if job.get("resave"):  # saved again by plain transformers: still portable, still the same model
             again = job["resave"]
             model.save_pretrained(again)
@@ -153,6 +155,7 @@ def test_every_variant_loads_exactly_or_refuses_without_the_plugin(tmp_path):
         r = results[path]
         assert r["class"].startswith("CondInit"), r
         assert r["maxdiff"] <= 1e-5, r
+        assert r["passes_requests"] == (kind != "spectral"), r  # attention weights requested under compile (issue 39)
         assert "trust_remote_code=True" in r["auto"].get("error", ""), r
         if kind != "spectral":  # a concrete class refuses the unregistered attention implementation
             assert f'attn_implementation="{kind}"' in r["concrete"].get("error", ""), r

@@ -78,6 +78,12 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
     assert next(r for r in kernels if r["impl"] == "eager")["ran"] == ["none (no SDPA call)"]
     assert all(r["ran"] and "other" not in r["ran"] and "fused (no math)" in r["runs_on"] for r in kernels)
     assert next(r for r in kernels if r["impl"] == "sdpa")["runs_on"]["fused (no math)"]  # CPU flash kernel
+    # the sink's path as it ran: its own call of the CPU flash kernel (whatever SDPA is restricted to), and why
+    sink = next(r for r in kernels if r["impl"] == "attention_sink")
+    assert [(p["kernel"], p["why"]) for p in sink["sink_kernel"]] == [("cpu", "CPU without attention dropout")]
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in sink["sdpa_ops"]
+    assert sink["ran_under"]["efficient"] == ["flash"] and "yes, ran flash" in md
+    assert all("sink_kernel" not in r for r in kernels if r["impl"] != "attention_sink")
     speed_rows = [r for r in parts["c"]["rows"] if r["kind"] == "speed"]
     assert {r["impl"] for r in speed_rows} == set(speed.SPEED_IMPLS)
     assert all(r["throughput_vs_sdpa"] == 1.0 for r in speed_rows if r["impl"] == "sdpa")
@@ -99,10 +105,15 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
         assert r["tuned"] is tuned and r["attention"] == impl and r["init"] == init, label
         # tuned: Trainer compiled the model (dynamo captured graphs); today's: nothing compiled
         assert (r["graphs"] >= 1) if tuned else (r["graphs"] is None), label
-    assert all(r["graph_breaks"] == 0 for r in train_rows if r["tuned"] and r["attention"] == "sdpa")
+    assert all(r["graph_breaks"] == 0 for r in train_rows if r["tuned"])  # every variant too (issue 39)
+    # every arm but the two references carries its estimate beside the seconds it took
+    references = {"472M default", "472M default tuned"}
+    assert all((r["estimate"] is None) == (r["arm"] in references) and r["arm_wall_s"] > 0 for r in train_rows)
     by_arm = {r["arm"]: r for r in train_rows}
     if not no_compile:
-        assert by_arm["1.72B default tuned"]["estimate"]["flop_ratio"] > 1  # estimated from the 472M tuned arm
+        big = by_arm["1.72B default tuned"]["estimate"]  # from the 472M tuned arm: its compilation, not × params
+        assert big["flop_ratio"] > 1 and big["graphs"] == by_arm["472M default tuned"]["graphs"]
+        assert big["warmup_extra_s"] == pytest.approx(by_arm["472M default tuned"]["warmup_extra_s"])
     assert by_arm["472M affine_scaled"]["estimate"]["flop_ratio"] == 1  # from today's 472M default arm
     assert "| 472M default tuned | tuned |" in md and "× default" in md
     e = parts["e"]["rows"]
@@ -202,6 +213,58 @@ def test_compiled_gradients_checked_before_a_compiled_arm_is_timed(monkeypatch):
     assert "compiled gradients differ" in rows[-1]["skipped"]
     rows[1].update(attention="attention_sink", backend="aot_eager", worst_rel_err=0.5, zero_compiled_grads=[])
     assert "Compiled gradients of attention_sink (aot_eager) **differ from eager's**" in "\n".join(report._render_d(rows))
+
+
+def test_planner_scales_build_by_parameters_compilation_by_graphs_and_steps_by_flops(monkeypatch):
+    """Part d's plan from the measured 472M tuned arm (its parts planted; full-size shapes, counted on the meta
+    device): the 1.72B tuned arm needs the same compilation (regional compilation compiles the same 6 graphs at any
+    depth and width), its build × the parameter ratio, its steps × the FLOP ratio. The old plan scaled everything but
+    the steps by the parameters (here 467 s against 165 s) and skipped the arm in a part with 175 s left; now it runs,
+    an arm that does not fit (1.72B at batch 16, 184 s) is skipped with both numbers, and the next arm that fits
+    runs."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from _gpu_check.common import gpt2_json
+    from hf_condinit.perf import model_flops_shape, training_flops
+
+    with torch.device("meta"):
+        small = AutoModelForCausalLM.from_config(AutoConfig.for_model(**gpt2_json("472m", False)))
+    steps = 40
+    reference = dict(kind="train", arm="472M default tuned", size="472m", attention="sdpa", init="default",
+                     batch=16, tuned=True, n_params=sum(p.numel() for p in small.parameters()),
+                     flops_per_step=training_flops(*model_flops_shape(small), 16, 1024), build_s=5.0,
+                     warmup_extra_s=120.0, graphs=6, seconds_per_step=0.3, arm_wall_s=5.0 + 120.0 + 0.3 * steps + 8.0)
+    assert training.regional_graphs(small) == 6  # wte, wpe, drop, the blocks, ln_f, lm_head
+    big = training.estimate_seconds(torch, reference, "1.72b", 8, 1024, False, steps, tuned=True)
+    assert big["graphs"] == 6 and big["warmup_extra_s"] == 120.0 and big["other_s"] == pytest.approx(8.0)
+    assert big["build_s"] == pytest.approx(5.0 * big["param_ratio"]) and 3.3 < big["param_ratio"] < 3.4
+    assert big["steps_s"] == pytest.approx(0.3 * big["flop_ratio"] * steps)
+    assert big["seconds"] == pytest.approx(big["build_s"] + 120.0 + big["steps_s"] + 8.0) and big["seconds"] < 170
+    today = training.estimate_seconds(torch, {**reference, "tuned": False}, "1.72b", 8, 1024, False, steps, False)
+    assert today["graphs"] is None and today["warmup_extra_s"] == 120.0  # today's first-step extra: unscaled
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
+    if torch.__version__ < COMPILE_MIN_TORCH:  # no tuned arm runs there (test_compiled_gradients_checked_...)
+        return
+    arms = [a for a in training.TRAIN_ARMS if a[0] in (
+        "472M default tuned", "1.72B default tuned", "1.72B default tuned, batch 16", "472M spectral tuned")]
+    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(arms))
+    monkeypatch.setattr(training, "compiled_gradients_match", lambda *a, **k: dict(match=True))
+    timed = []
+
+    def train_arm(torch_, label, size, impl, init, batch, *args, **kwargs):
+        timed.append(label)
+        return {**reference, "arm": label, "size": size, "attention": impl, "batch": batch}
+
+    monkeypatch.setattr(training, "train_arm", train_arm)
+    monkeypatch.setattr(training, "warm_up", lambda *a: None)
+    rows, record = _rows()
+    training.part_d({"smoke": False, "device": "cpu", "threads": 1, "started": time.time(), "cap": 175,
+                     "peak_flops": None}, record)
+    assert timed == ["472M default tuned", "1.72B default tuned", "472M spectral tuned"]
+    skipped = next(r for r in rows if "skipped" in r)
+    assert skipped["arm"] == "1.72B default tuned, batch 16" and skipped["estimate"]["seconds"] > 175
+    assert "estimated" in skipped["skipped"] and "s left" in skipped["skipped"]
 
 
 def test_a_failing_build_of_part_e_leaves_the_others_rows(monkeypatch):
@@ -316,6 +379,19 @@ def test_cap_kills_a_slow_part_and_the_next_one_runs(tmp_path):
     assert [r["value"] for r in result["parts"]["a"]["rows"]] == [1]  # measured before the kill: kept
     assert result["parts"]["b"]["state"] == "done"
     assert "Killed at its time cap" in open(os.path.join(out, "gpu_check.md")).read()
+
+
+def test_a_part_may_use_the_time_the_parts_before_it_left(tmp_path):
+    out = str(tmp_path)
+    runner.write_settings(out, {"smoke": True, "parts": ["a", "b"]})
+    result = runner.orchestrate(out, [("a", _quick_part), ("b", _nap_part)], {"a": 10, "b": 0.5}, {})
+    assert result["parts"]["b"]["state"] == "done"  # 1.5 s of work under a 0.5 s cap + a's ~10 s unused
+    assert 5 < result["parts"]["b"]["cap_s"] <= 10.5
+
+
+def _nap_part(ctx, record):
+    time.sleep(1.5)
+    record(kind="x", value=3)
 
 
 def test_a_rendering_error_neither_stops_the_part_nor_hides_the_others(tmp_path, monkeypatch):

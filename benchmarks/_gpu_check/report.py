@@ -119,6 +119,20 @@ def _render_b(rows):
     return L
 
 
+_ALLOWED = {"flash": {"flash"}, "efficient": {"efficient"}, "cudnn": {"cudnn"},
+            "fused (no math)": {"flash", "efficient", "cudnn"}}
+
+
+def _restricted_cell(row: dict, label: str) -> str:
+    """Part c's kernel table cell: whether ``row``'s implementation runs with SDPA restricted to ``label``, and what
+    ran there when it is outside the restriction (a kernel called directly, not through SDPA's dispatch)."""
+    if not row["runs_on"].get(label):
+        return f"no ({row['why_not'].get(label, '')[:60]})"
+    allowed = _ALLOWED[label] | {"none (no SDPA call)"}
+    outside = [f for f in row.get("ran_under", {}).get(label, []) if f not in allowed]
+    return f"yes, ran {', '.join(outside)}" if outside else "yes"
+
+
 def _render_c(rows):
     st = next((r for r in rows if r.get("kind") == "settings"), None)
     L = []
@@ -130,13 +144,17 @@ def _render_c(rows):
     if kernels:
         labels = list(kernels[0]["runs_on"])
         L.append(f"SDPA kernel families (one forward + backward at sequence {kernels[0]['seq']}; *ran* = the "
-                 "operators the profiler saw by default; then whether it runs when SDPA is restricted to each):\n")
+                 "operators the profiler saw by default; then whether it runs when SDPA is restricted to each, and "
+                 "what ran there when that is not what SDPA was restricted to):\n")
         L.append("| impl | ran | " + " | ".join(labels) + " |\n|---|---|" + "---|" * len(labels))
         for r in kernels:
             L.append(f"| {r['impl']} | {', '.join(r['ran'])} | "
-                     + " | ".join("yes" if r["runs_on"].get(k) else f"no ({r['why_not'].get(k, '')[:60]})"
-                                  for k in labels) + " |")
+                     + " | ".join(_restricted_cell(r, k) for k in labels) + " |")
         L.append("")
+        for r in kernels:
+            for path in r.get("sink_kernel", []):
+                L.append(f"{r['impl']}: {path['calls']} attention calls took `{path['kernel']}` ({path['why']}); the "
+                         f"profiler saw {', '.join(f'`{op}`' for op in r['sdpa_ops']) or 'no SDPA kernel'}.\n")
     speed = [r for r in rows if r.get("kind") == "speed" and "error" not in r]
     if speed:
         L.append("| seq | impl | batch | tokens/s | × sdpa | peak MiB | memory × sdpa |")

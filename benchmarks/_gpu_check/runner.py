@@ -132,8 +132,16 @@ def _child(fn, ctx: dict, out: str, part: str) -> None:
     _flush_and_exit(0)
 
 
+def unused_seconds(out: str, caps: dict[str, float]) -> float:
+    """Seconds of their caps that the parts already run (``status.json``) left unused, never below 0."""
+    done = read_status(out).get("parts", {})
+    return max(0.0, sum(caps[p] - v["seconds"] for p, v in done.items() if "seconds" in v and p in caps))
+
+
 def orchestrate(out: str, parts: list[tuple[str, object]], caps: dict[str, float], ctx: dict) -> dict:
-    """Run each ``(name, fn)`` as ``fn(ctx, record)`` in a forked process, killed after ``caps[name]`` seconds.
+    """Run each ``(name, fn)`` as ``fn(ctx, record)`` in a forked process, killed after ``caps[name]`` seconds plus
+    what the parts before it left unused (`unused_seconds`; recorded as its ``cap_s``, which part d plans with), so
+    no time is lost to a part that finished early and the run never exceeds the sum of the caps.
 
     The parent never touches the accelerator (a CUDA context does not survive ``fork``); each child initialises its
     own. Returns the collected result.
@@ -142,7 +150,7 @@ def orchestrate(out: str, parts: list[tuple[str, object]], caps: dict[str, float
 
     fork = multiprocessing.get_context("fork")
     for name, fn in parts:
-        cap = caps[name]
+        cap = caps[name] + unused_seconds(out, caps)
         set_part_status(out, name, state="running", cap_s=cap)
         _report_quietly(out)
         t0 = time.perf_counter()

@@ -8,13 +8,19 @@ own (an out-of-memory or kernel error is that implementation's row; the others g
 Kernels: for each implementation, one forward + backward under ``torch.profiler`` lists the SDPA operators that ran
 (``aten::_scaled_dot_product_{flash,efficient,cudnn}_attention``, ``..._attention_math``: the kernel family picked
 by default), then one forward + backward per restriction ``torch.nn.attention.sdpa_kernel(...)`` — flash only,
-memory-efficient only, cuDNN only, and every fused one (the math kernel disabled) — records which families it can
-run on. eager calls no SDPA operator and runs under any restriction.
+memory-efficient only, cuDNN only, and every fused one (the math kernel disabled) — records whether it runs and
+the families that ran (profiled again: a kernel called directly, as the sink's fast path calls its flash kernel,
+runs whatever SDPA is restricted to). eager calls no SDPA operator and runs under any restriction. For the attention
+sink, the row also says which path each call took and why (``sink_kernel``: the fused kernel returning lse, or the
+virtual-key fallback through SDPA, with the condition that decided it), recorded from the calls of the profiled
+step (`hf_condinit.attention.attention_sink.lse_kernel_choice`), beside the operators the profiler saw.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 
 from .common import free_memory, row_on_error, torch_setup
 
@@ -75,13 +81,40 @@ def _family(op_name: str) -> str | None:
     return "other"
 
 
+def _profiled(step) -> list[str]:
+    """The SDPA kernel operators (`_family`) that one call of ``step`` ran, from the profiler's operator names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sorted({e.key for e in prof.key_averages() if _family(e.key)})
+
+
+@contextlib.contextmanager
+def _sink_choices(calls: list):
+    """Append each (kernel, why) of `lse_kernel_choice` that the attention sink's forward decides while inside."""
+    from hf_condinit.attention import attention_sink
+
+    real = attention_sink.lse_kernel
+
+    def spy(*args):
+        calls.append(attention_sink.lse_kernel_choice(*args))
+        return calls[-1][0]
+
+    attention_sink.lse_kernel = spy
+    try:
+        yield
+    finally:
+        attention_sink.lse_kernel = real
+
+
 def kernel_families(torch, impl: str, seq: int, settings) -> dict:
     """``ran``: the SDPA kernel families of one default forward + backward (from the profiler's operator names);
-    ``runs_on``: family (or ``"fused (no math)"``) → whether a forward + backward runs under that restriction;
-    ``why_not``: the first line of each refusal."""
+    ``runs_on``: family (or ``"fused (no math)"``) → whether a forward + backward runs under that restriction, and
+    ``ran_under``: the families that ran there; ``why_not``: the first line of each refusal; for the attention sink,
+    ``sink_kernel``: each path its calls took in the default step, with the reason and the number of calls."""
     import attention_speed
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(settings.device)
     args = argparse.Namespace(**{**vars(settings), "seqs": [seq]})
@@ -95,22 +128,29 @@ def kernel_families(torch, impl: str, seq: int, settings) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    ops = sorted({e.key for e in prof.key_averages() if _family(e.key)})
-    ran = sorted({_family(op) for op in ops})
+    choices = []
+    with _sink_choices(choices):
+        ops = _profiled(step)
     restrictions = {"flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
                     "cudnn": [SDPBackend.CUDNN_ATTENTION],
                     "fused (no math)": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                                         SDPBackend.CUDNN_ATTENTION]}
-    runs_on, why_not = {}, {}
+    runs_on, ran_under, why_not = {}, {}, {}
     for label, backends in restrictions.items():
         try:
             with sdpa_kernel(backends):
-                step()
+                ran_under[label] = _families(_profiled(step))
             runs_on[label] = True
         except Exception as e:  # noqa: BLE001 - "cannot run there" is the answer
             runs_on[label] = False
             why_not[label] = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             model.zero_grad(set_to_none=True)
-    return dict(batch=batch, sdpa_ops=ops, ran=ran or ["none (no SDPA call)"], runs_on=runs_on, why_not=why_not)
+    row = dict(batch=batch, sdpa_ops=ops, ran=_families(ops), runs_on=runs_on, ran_under=ran_under, why_not=why_not)
+    if choices:
+        row["sink_kernel"] = [dict(kernel=kernel or "fallback (a virtual key through SDPA)", why=why, calls=n)
+                              for (kernel, why), n in collections.Counter(choices).items()]
+    return row
+
+
+def _families(ops: list[str]) -> list[str]:
+    return sorted({_family(op) for op in ops}) or ["none (no SDPA call)"]

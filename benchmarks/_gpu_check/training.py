@@ -8,12 +8,14 @@ side on the same model and batch: **today's** (plain eager Trainer, batch 16 at 
 seconds, not minutes). Arms in priority order (`TRAIN_ARMS`): 472M default today / tuned, 1.72B tuned, each
 attention variant tuned (affine_scaled, attention_sink, preconditioned, spectral λ = 10), conditioned init tuned,
 the micro-batch lever (472M tuned at batch 32, 1.72B tuned at 16), then 1.72B and 472M affine_scaled today. Every
-arm after its configuration's 472M default runs only if the time it is estimated to need is left in the part's cap:
-the measured 472M default arm of the same configuration, its seconds per step × the FLOP ratio of the arm's step
-(`hf_condinit.perf.training_flops`, the model counted on the meta device), plus its other time (build, Trainer
-set-up, compilation) × the parameter ratio. Each arm is its own row (with the graphs dynamo captured and its graph
-breaks for a tuned arm): an error (e.g. out of memory) is that arm's row and the next arm runs. Smoke mode compiles
-with the ``aot_eager`` backend (dynamo and AOTAutograd without inductor's C++ build).
+arm after its configuration's 472M default runs when the time it is estimated to need is left in the part's cap
+(`estimate_seconds`, from measured parts of that 472M default arm: build time × the parameter ratio, compilation ×
+the ratio of regionally compiled graphs, s/step × the FLOP ratio of the arm's step, the rest unchanged); an arm that
+does not fit is skipped with both numbers and the next one is tried. Each arm is its own row, with its estimate
+beside the seconds it took (``arm_wall_s``; the 472M default arms are the references, estimated from nothing) and, for a
+tuned arm, the graphs dynamo captured and its graph breaks: an error (e.g. out of memory) is that arm's row and the
+next arm runs. Smoke mode compiles with the ``aot_eager`` backend (dynamo and AOTAutograd without inductor's C++
+build).
 
 Before the first tuned arm of each attention, `compiled_gradients_match` compiles a 2-layer fp32 GPT-2 of that
 attention with the tuned backend on the device and compares every parameter's gradient with eager's (a
@@ -84,7 +86,7 @@ def part_d(ctx: dict, record) -> None:
         reference = references.get(tuned)
         if reference is not None:
             with row_on_error(record, device, kind="train_estimate", arm=label):
-                estimate = estimate_seconds(torch, reference, size, batch, seq, smoke, warmup + measured)
+                estimate = estimate_seconds(torch, reference, size, batch, seq, smoke, warmup + measured, tuned)
             left = deadline - time.time()
             if estimate is not None and left < estimate["seconds"]:
                 record(kind="train", arm=label, tuned=tuned, estimate=estimate,
@@ -202,6 +204,7 @@ def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, devi
     timed = windows[1:]
     seconds = sum(h["throughput/seconds_per_step"] * warmup for h in timed)
     n_steps = warmup * len(timed)
+    warmup_s = windows[0]["throughput/seconds_per_step"] * warmup if windows else None
     tokens = batch * seq * n_steps
     n, layers, width = model_flops_shape(model)
     flops = training_flops(n, layers, width, batch, seq) * n_steps
@@ -216,6 +219,8 @@ def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, devi
                mfu=(flops / seconds / peak) if seconds and peak else None,
                peak_memory_gib=max(mem) if mem else None, first_loss=losses[0] if losses else None,
                last_loss=losses[-1] if losses else None, arm_wall_s=time.time() - t_arm, tuned=tuned,
+               warmup_extra_s=(max(0.0, warmup_s - warmup * seconds / n_steps) if warmup_s is not None and n_steps
+                               else None),
                graphs=counters["stats"].get("unique_graphs", 0) if tuned else None,
                graph_breaks=sum(counters["graph_break"].values()) if tuned else None)
     _compile_env(False, smoke)
@@ -224,9 +229,37 @@ def train_arm(torch, label, size, impl, init, batch, seq, warmup, measured, devi
     return row
 
 
-def estimate_seconds(torch, measured: dict, size: str, batch: int, seq: int, smoke: bool, steps: int) -> dict:
-    """Seconds an arm of ``size`` needs, from a measured arm: its s/step × the FLOP ratio per step, plus the rest of
-    its wall time (build, Trainer set-up, warm-up compilation) × the parameter ratio."""
+def regional_graphs(module) -> int:
+    """Graphs accelerate's regional compilation compiles for ``module`` (``accelerate.utils.compile_regions``): one
+    per list of repeated blocks (blocks of one class share it: trained without a KV cache, as the Trainer trains,
+    nothing tells them apart) and one per other region (a child of a module holding such a list, recursively). The
+    same for GPT-2 472M and 1.72B: it depends on neither depth nor width."""
+    from torch import nn
+
+    def repeated(m) -> bool:  # accelerate.utils.other.is_repeated_blocks
+        return isinstance(m, nn.ModuleList) and len(m) > 0 and all(isinstance(b, m[0].__class__) for b in m)
+
+    if repeated(module):
+        return 1
+    if any(repeated(m) for m in module.modules()):
+        return sum(regional_graphs(child) for child in module.children())
+    return 1
+
+
+def estimate_seconds(torch, measured: dict, size: str, batch: int, seq: int, smoke: bool, steps: int,
+                     tuned: bool) -> dict:
+    """Seconds an arm of ``size`` at ``batch`` needs, from ``measured`` (the 472M default arm of the arm's
+    configuration: the first tuned arm for a tuned one), part by part:
+
+    - build: its ``build_s`` × the parameter ratio (the init writes every weight);
+    - warm-up beyond steady-state steps (``warmup_extra_s``): for a tuned arm its compilation, per compiled graph
+      (the measured arm's extra over the graphs dynamo captured there) × the graphs regional compilation compiles
+      for this model (`regional_graphs`), so it does not grow with the parameters; for today's arms unchanged;
+    - steps: its s/step × the FLOP ratio per step (`hf_condinit.perf.training_flops`) × ``steps``;
+    - the rest of its wall time (Trainer set-up, data): unchanged.
+
+    The model is counted on the meta device. Returns ``seconds``, the parts, the ratios and ``how`` (one line).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hf_condinit.perf import model_flops_shape, training_flops
@@ -236,12 +269,17 @@ def estimate_seconds(torch, measured: dict, size: str, batch: int, seq: int, smo
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**raw))
     n, layers, width = model_flops_shape(model)
-    n_params = sum(p.numel() for p in model.parameters())
     flop_ratio = training_flops(n, layers, width, batch, seq) / measured["flops_per_step"]
-    param_ratio = n_params / measured["n_params"]
-    step_s = measured["seconds_per_step"] * flop_ratio
-    other_s = max(0.0, measured["arm_wall_s"] - measured["seconds_per_step"] * steps) * param_ratio
-    seconds = step_s * steps + other_s
-    return dict(seconds=seconds, flop_ratio=flop_ratio, param_ratio=param_ratio,
-                how=f"{measured['seconds_per_step']:.3g} s/step × {flop_ratio:.2f} (FLOP ratio) × {steps} steps + "
-                    f"{other_s:.0f} s other")
+    param_ratio = sum(p.numel() for p in model.parameters()) / measured["n_params"]
+    step_s = measured["seconds_per_step"]
+    warm_s = measured["warmup_extra_s"]
+    graphs = regional_graphs(model) if tuned else None
+    parts = dict(build_s=measured["build_s"] * param_ratio,
+                 warmup_extra_s=warm_s * graphs / measured["graphs"] if tuned else warm_s,
+                 steps_s=step_s * flop_ratio * steps,
+                 other_s=max(0.0, measured["arm_wall_s"] - measured["build_s"] - warm_s - step_s * steps))
+    compile_how = f"{warm_s / measured['graphs']:.2g} s × {graphs} graphs" if tuned else f"{warm_s:.0f} s"
+    return dict(seconds=sum(parts.values()), **parts, flop_ratio=flop_ratio, param_ratio=param_ratio, graphs=graphs,
+                how=f"build {measured['build_s']:.2g} s × {param_ratio:.2f} (parameter ratio) + warm-up "
+                    f"{compile_how} + {step_s:.3g} s/step × {flop_ratio:.2f} (FLOP ratio) × {steps} steps + "
+                    f"{parts['other_s']:.0f} s other")

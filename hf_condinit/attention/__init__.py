@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import nn
 
-from ._common import guard_compile
+from ._common import guard_compile, watch_attention_requests
 from .holders import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
@@ -163,7 +163,9 @@ def inject(model: nn.Module, layout=None, config=None) -> list[str]:
     not None. Holders attach to ``layout.core_module(block)`` (the module that calls the attention function).
     Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice. Where the
     running torch refuses to compile the variant (`hf_condinit.attention._common.compile_refusal`), ``model`` also gets
-    the pre-hook that refuses torch.compile in one line (`hf_condinit.attention._common.guard_compile`).
+    the pre-hook that refuses torch.compile in one line (`hf_condinit.attention._common.guard_compile`). A model with
+    a variant gets the hooks that pass a request for attention weights on to its blocks as an argument, so that the
+    blocks compile without a graph break (`hf_condinit.attention._common.watch_attention_requests`).
 
     Values are *not* initialised here beyond zeros: the init pass (``reset_condinit_parameters``) or the loaded
     checkpoint writes them; call `hf_condinit.attention.holders.CondInitHolder.reset_condinit_parameters` yourself when
@@ -183,6 +185,8 @@ def inject(model: nn.Module, layout=None, config=None) -> list[str]:
     mode = opts.get("spectral_mode") or "identity"
     if impl in VARIANTS or lam is not None:
         guard_compile(model)
+    if impl in VARIANTS:
+        watch_attention_requests(model)
     for _, block in layout.attention_modules(model):
         core = layout.core_module(block)
         if impl not in ("affine_scaled", "attention_sink") and lam is None:

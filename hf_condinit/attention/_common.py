@@ -1,4 +1,5 @@
-"""Helpers shared by the attention variants: mask semantics identical to HF's ``sdpa_attention_forward``."""
+"""Helpers shared by the attention variants: mask semantics identical to HF's ``sdpa_attention_forward``, whether a
+call wants the attention weights (decided without a graph break under torch.compile), and the compile refusals."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ __all__ = [
     "crop_for_causal",
     "visible_from_mask",
     "condinit_options",
+    "ATTENTIONS_KWARG",
     "wants_attentions",
+    "pass_attention_request",
+    "check_attentions_returned",
+    "watch_attention_requests",
     "get_holder",
     "cast_fresh",
     "COMPILE_MIN_TORCH",
@@ -61,8 +66,9 @@ _VARIANT_NAMES = ("affine_scaled", "attention_sink", "preconditioned")
 
 @torch._dynamo.assume_constant_result
 def _refuse_compile(message: str) -> None:
-    """Raise the one-line refusal. ``assume_constant_result``: dynamo runs it for real while tracing, so its message
-    reaches the user (the first line of dynamo's error) instead of dynamo's bare "Observed exception"."""
+    """Raise ``message`` (one line) as a RuntimeError. ``assume_constant_result``: dynamo runs it for real while
+    tracing, so its message reaches the user (the first line of dynamo's error) instead of dynamo's bare "Observed
+    exception"."""
     raise RuntimeError(message)
 
 
@@ -137,16 +143,72 @@ def condinit_options(module: nn.Module) -> dict[str, Any]:
     return {**_DEFAULTS, **{k: v for k, v in stored.items() if v is not None or k == "spectral_lambda"}}
 
 
+#: Keyword under which a model's request for attention weights reaches the attention functions of its blocks: set to
+#: True by `pass_attention_request` (never set otherwise), read and removed by `wants_attentions`.
+ATTENTIONS_KWARG = "condinit_output_attentions"
+
+
+def pass_attention_request(model: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook (``with_kwargs``) on a model with an attention variant (`watch_attention_requests`): when the
+    call asks for the attention weights, add ``ATTENTIONS_KWARG=True`` to its kwargs, which HF passes on through the
+    layers to the attention functions (as it passes ``position_ids``).
+
+    "Asks" as transformers' ``capture_outputs`` decides it: the ``output_attentions`` keyword, else
+    ``config.output_attentions``, for a model that records ``attentions`` or ``cross_attentions``. Both are constant
+    under a trace (dynamo guards on them), and under regional compilation this hook runs eagerly, outside the
+    compiled blocks: the decision reaches the blocks as an argument instead of being read inside them from
+    transformers' collector, a ContextVar that dynamo cannot trace (a graph break per read). Nothing is added when
+    nothing is asked, so a training forward is the model's own call.
+    """
+    requested = kwargs.get("output_attentions", getattr(model.config, "output_attentions", False))
+    recorded = getattr(model, "_can_record_outputs", None) or {}
+    if requested and ("attentions" in recorded or "cross_attentions" in recorded):
+        return args, {**kwargs, ATTENTIONS_KWARG: True}
+    return None
+
+
+def check_attentions_returned(model: nn.Module, args: tuple, kwargs: dict, output) -> None:
+    """Forward hook (``with_kwargs``, `watch_attention_requests`): a call that asked for the attention weights
+    (`pass_attention_request`) and got none raises, rather than returning an empty tuple where eager gives one
+    tensor per layer. That happens only under compilation of the blocks on their own, in a model whose forward
+    does not pass its keyword arguments on to its layers (the request cannot reach them)."""
+    if kwargs.get(ATTENTIONS_KWARG) and getattr(output, "attentions", None) == ():
+        _refuse_compile(
+            f"hf_condinit: output_attentions=True returned no attention weights: {type(model).__name__} does not "
+            f"pass the request on to its compiled blocks (attn_implementation="
+            f"{model.config._attn_implementation!r}). Call the model uncompiled for the weights, or compile the "
+            "whole model (torch.compile(model)) instead of its blocks."
+        )
+
+
+def watch_attention_requests(model: nn.Module) -> None:
+    """Register `pass_attention_request` and `check_attentions_returned` on ``model`` (idempotent)."""
+    if pass_attention_request not in model._forward_pre_hooks.values():
+        model.register_forward_pre_hook(pass_attention_request, with_kwargs=True)
+    if check_attentions_returned not in model._forward_hooks.values():
+        model.register_forward_hook(check_attentions_returned, with_kwargs=True)
+
+
 def wants_attentions(kwargs: dict) -> bool:
-    """Whether the caller asked for the attention weights (HF v5 records them through an output collector)."""
-    if kwargs.get("output_attentions"):
+    """Whether the caller asked for the attention weights; removes ``ATTENTIONS_KWARG`` from the attention function's
+    ``kwargs``.
+
+    In order: the model's request (``ATTENTIONS_KWARG``, `pass_attention_request`); an ``output_attentions`` keyword
+    passed down by the family; transformers' output collector (HF v5 records the weights through it) where it can be
+    read without a graph break: always eagerly, and under torch.compile when the collector was set inside the same
+    trace (whole-model compilation, where transformers keeps it in a plain attribute). A block compiled on its own
+    and called without the request (the model's pre-hook did not run, or its forward drops keyword arguments) takes
+    the fast path; `check_attentions_returned` turns the second case into an error.
+    """
+    if kwargs.pop(ATTENTIONS_KWARG, False) or kwargs.get("output_attentions"):
         return True
     try:
         from transformers.utils.output_capturing import _active_collector
-
-        collected = _active_collector.get()
-    except Exception:  # pragma: no cover - other transformers versions
+    except ImportError:  # pragma: no cover - other transformers versions
         return False
+    if torch.compiler.is_compiling() and not getattr(_active_collector, "compiling", False):
+        return False  # set outside the graph: its ContextVar cannot be read without a graph break
+    collected = _active_collector.get()
     return bool(collected) and ("attentions" in collected or "cross_attentions" in collected)
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "SinkAttention",
     "sink_attention",
     "lse_kernel",
+    "lse_kernel_choice",
     "kernel_takes_gqa",
     "extra_coordinates",
 ]
@@ -63,21 +64,36 @@ def extra_coordinates(head_dim: int, device: torch.device) -> int:
     return 8 - head_dim % 8 if head_dim % 8 else 8
 
 
-def lse_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, dropout: float) -> str | None:
-    """Which fused kernel returning (O, lse) serves this call: ``"cpu"``, ``"cuda"`` or None (use the fallback).
+def lse_kernel_choice(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask,
+                      dropout: float) -> tuple[str | None, str]:
+    """Which fused kernel returning (O, lse) serves this call, and why: (``"cpu"``, ``"cuda"`` or None for the
+    virtual-key fallback; the deciding condition in words, a constant string).
 
     CPU: ``_scaled_dot_product_flash_attention_for_cpu`` (fp64 / fp32 / bf16 / fp16 and additive masks on every torch
-    from 2.5, GQA from 2.9: `kernel_takes_gqa`; no dropout). CUDA:
-    ``_scaled_dot_product_flash_attention`` (fp16/bf16, no mask, equal q/k/v head counts and head dims, head dim a
-    multiple of 8 up to 256; dropout supported through its RNG state).
+    from 2.5, GQA from 2.9: `kernel_takes_gqa`; no dropout). CUDA: ``_scaled_dot_product_flash_attention``
+    (fp16/bf16, no mask, equal q/k/v head counts and head dims, head dim a multiple of 8 up to 256; dropout supported
+    through its RNG state).
     """
     if query.device.type == "cpu":
-        return "cpu" if dropout == 0.0 else None
-    if (query.device.type == "cuda" and mask is None and query.dtype in (torch.float16, torch.bfloat16)
-            and query.shape[1] == key.shape[1] and query.shape[-1] == value.shape[-1]
-            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256):
-        return "cuda"
-    return None
+        if dropout != 0.0:
+            return None, "attention dropout: the CPU kernel has none"
+        return "cpu", "CPU without attention dropout"
+    if query.device.type != "cuda":
+        return None, "no kernel returning lse on this device type"
+    if mask is not None:
+        return None, "a mask: the CUDA flash kernel takes none"
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return None, "dtype other than fp16 / bf16"
+    if query.shape[1] != key.shape[1]:
+        return None, "fewer key/value heads than query heads (GQA)"
+    if query.shape[-1] != value.shape[-1] or query.shape[-1] % 8 or query.shape[-1] > 256:
+        return None, "head dim not a multiple of 8 up to 256, or v's head dim differs"
+    return "cuda", "CUDA, fp16 / bf16, no mask, equal heads, head dim a multiple of 8 up to 256"
+
+
+def lse_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, dropout: float) -> str | None:
+    """`lse_kernel_choice` without the reason: ``"cpu"``, ``"cuda"`` or None (use the fallback)."""
+    return lse_kernel_choice(query, key, value, mask, dropout)[0]
 
 
 def kernel_takes_gqa(kernel: str) -> bool:
