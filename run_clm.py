@@ -59,8 +59,10 @@ from hf_condinit.data import (
     make_mqar_datasets,
     mqar_recall_accuracy,
     mqar_tokenizer,
+    materialize,
     pack_datasets,
     split_sources,
+    streamed_splits,
     tokenize_datasets,
     train_bpe_tokenizer,
 )
@@ -86,6 +88,8 @@ from hf_condinit.scripts_common import (
     user_errors,
     with_causal_loss_type,
 )
+from hf_condinit.scripts.arguments import TokenizerHubArguments
+from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.zero_shot import record_blimp
 
 logger = logging.getLogger("run_clm")
@@ -111,7 +115,11 @@ TORCH_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(TokenizerHubArguments):
+    """HF's ``run_clm.py`` model fields (``--model_type``, ``--config_name`` = ``--model_config``, ``--dtype`` =
+    ``--torch_dtype``, the hub fields of :class:`TokenizerHubArguments`) plus the project's ``--model_config`` names and
+    the BPE trained when no tokenizer is given."""
+
     model_name_or_path: str | None = field(
         default=None,
         metadata={
@@ -120,22 +128,29 @@ class ModelArguments:
             "--tokenizer_name is given. Default: train a new model of --model_config from scratch."
         },
     )
+    model_type: str | None = field(
+        default=None,
+        metadata={"help": "Train a new model from this model type's default config (HF's way to train from scratch, "
+                          "e.g. gpt2, llama), adjusted with --config_overrides. Default: --model_config."},
+    )
     torch_dtype: str | None = field(
         default=None,
         metadata={"help": "With --model_name_or_path: load the weights in this dtype ('auto': the checkpoint's).",
-                  "choices": list(TORCH_DTYPES)},
+                  "choices": list(TORCH_DTYPES), "aliases": ["--dtype"]},
     )
     model_config: str | None = field(
         default=None,
         metadata={
             "help": "Model shape of a new model: a name in configs/ (gpt2-tiny, gpt2-small-cpu, gpt2-472m, "
             "gpt2-1.72b), a path to a config.json or a directory holding one, or a hub id. Default: gpt2-tiny for "
-            "the synthetic run, gpt2-small-cpu with data."
+            "the synthetic run, gpt2-small-cpu with data.",
+            "aliases": ["--config_name"],
         },
     )
     config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Override config values, e.g. 'n_embd=10,resid_pdrop=0.2' (typed like the config's own values)."},
+        metadata={"help": "Override config values of a new model, e.g. 'n_embd=10,resid_pdrop=0.2' (typed like the "
+                          "config's own values)."},
     )
     tokenizer_name: str | None = field(
         default=None,
@@ -144,8 +159,6 @@ class ModelArguments:
     tokenizer_vocab_size: int = field(
         default=8192, metadata={"help": "Vocabulary size of the BPE trained when --tokenizer_name is not given."}
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for hub downloads and datasets."})
-    token: str | None = field(default=None, metadata={"help": "Hub token, for private hub data/configs."})
 
 
 @dataclass
@@ -185,6 +198,12 @@ class DataTrainingArguments:
         metadata={"help": "At the end of the run, zero-shot BLiMP accuracy on this folder of BLiMP *.jsonl files "
                   "(e.g. ../shared/data/blimp): overall, per field and per paradigm, written to eval_results.json and "
                   "the model card (hf_condinit.zero_shot)."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Stream the data: read, tokenize and pack on the fly (no Arrow cache of the corpus), the "
+                  "same blocks in the same order as without it; needs --max_steps (docs/pretraining.md, "
+                  "\"Streaming\")."},
     )
     blimp_prefix: str = field(
         default="eos",
@@ -253,10 +272,8 @@ def build_tokenizer(model_args, data_args, training_args, raw, text_column, cont
     if spec is not None:
         return mqar_tokenizer(spec, model_max_length=context)
     if model_args.tokenizer_name or model_args.model_name_or_path:
-        return AutoTokenizer.from_pretrained(
-            model_args.tokenizer_name or model_args.model_name_or_path, cache_dir=model_args.cache_dir,
-            token=model_args.token,
-        )
+        return AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path,
+                                             **model_args.tokenizer_kwargs())
     # Train on the training split only. Global rank 0 trains first and saves; the other ranks load its result when
     # the output dir is shared, or train the same tokenizer themselves (BPE training is deterministic).
     tok_dir = os.path.join(training_args.output_dir, "bpe_tokenizer")
@@ -269,7 +286,7 @@ def build_tokenizer(model_args, data_args, training_args, raw, text_column, cont
                 batch_iterator(raw["train"], text_column),
                 vocab_size=model_args.tokenizer_vocab_size,
                 model_max_length=context,
-                length=len(raw["train"]),
+                length=None if data_args.streaming else len(raw["train"]),
             )
             if training_args.process_index == 0:
                 tok.save_pretrained(tok_dir)
@@ -296,6 +313,7 @@ def prepare_data(model_args, data_args, training_args, spec: MQARSpec | None, co
                 keep_linebreaks=data_args.keep_linebreaks,
                 cache_dir=model_args.cache_dir,
                 token=model_args.token,
+                streaming=data_args.streaming,
             )
     tokenizer = build_tokenizer(model_args, data_args, training_args, raw, text_column, context or block_size, spec)
     tokenized = tokenize_datasets(
@@ -329,7 +347,7 @@ def build_model(model_args, config, tokenizer, condinit: dict | None, attention:
     """The model: loaded from ``--model_name_or_path`` (never re-initialised; ``attention`` only when given), or
     built from ``config`` with the condinit recipe and a vocabulary sized to ``tokenizer``."""
     if model_args.model_name_or_path:
-        kwargs = {"cache_dir": model_args.cache_dir, "token": model_args.token}
+        kwargs = model_args.hub_kwargs()
         if model_args.torch_dtype:
             kwargs["dtype"] = model_args.torch_dtype if model_args.torch_dtype == "auto" else getattr(torch, model_args.torch_dtype)
         if attention is not None:
@@ -341,18 +359,21 @@ def build_model(model_args, config, tokenizer, condinit: dict | None, attention:
             setattr(config, name, tokenizer.eos_token_id)
         if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= config.vocab_size:
             config.pad_token_id = None
-        model = AutoModelForCausalLM.from_config(config, condinit=condinit, attn_implementation=attention)
+        model = AutoModelForCausalLM.from_config(config, condinit=condinit, attn_implementation=attention,
+                                                 trust_remote_code=model_args.trust_remote_code)
     return with_causal_loss_type(model)
 
 
 def load_model_config(model_args, synthetic: bool):
-    """``(config, where)`` of the model: the loaded model's (``--model_name_or_path``) or ``--model_config``'s."""
+    """``(config, where)`` of the model: the loaded model's (``--model_name_or_path``), ``--model_type``'s default
+    config or ``--model_config``'s, with ``--config_overrides`` for a new one."""
     if model_args.model_name_or_path:
-        if model_args.model_config:
-            raise UsageError("--model_config describes a new model; a loaded one (--model_name_or_path) keeps its own.")
+        for flag, value in (("--model_config / --config_name", model_args.model_config),
+                            ("--model_type", model_args.model_type), ("--config_overrides", model_args.config_overrides)):
+            if value:
+                raise UsageError(f"{flag} describes a new model; a loaded one (--model_name_or_path) keeps its own.")
         try:
-            config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
-                                                token=model_args.token)
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path, **model_args.hub_kwargs())
         except (OSError, ValueError) as err:
             raise UsageError(f"--model_name_or_path {model_args.model_name_or_path!r} is not a saved model directory "
                              f"or a reachable hub id ({str(err).splitlines()[0]})") from None
@@ -360,8 +381,21 @@ def load_model_config(model_args, synthetic: bool):
     if model_args.torch_dtype:
         raise UsageError("--torch_dtype is for loading a model (--model_name_or_path); a new model is built in float32 "
                          "(use --bf16 / --fp16 for mixed precision).")
+    if model_args.model_type:
+        if model_args.model_config:
+            raise UsageError("--model_type and --model_config (--config_name) both describe the new model; pass one.")
+        return (config_for_model_type(model_args.model_type, AutoModelForCausalLM, model_args.config_overrides),
+                f"--model_type {model_args.model_type}")
     return resolve_model_config(model_args.model_config or ("gpt2-tiny" if synthetic else "gpt2-small-cpu"),
                                 CONFIG_DIR, model_args.config_overrides, model_args.cache_dir, model_args.token)
+
+
+def check_streaming_flags(training_args, synthetic: bool) -> None:
+    """``--streaming`` reads text data and needs ``--max_steps`` (a stream has no length to count epochs in)."""
+    if synthetic:
+        raise UsageError("--streaming reads --train_file or --dataset_name; the synthetic corpus is generated in memory.")
+    if training_args.do_train and training_args.max_steps <= 0:
+        raise UsageError("--streaming needs --max_steps N: a stream has no length to count epochs in.")
 
 
 def main(argv=None):
@@ -374,12 +408,12 @@ def main(argv=None):
         check_loaded_model_flags(cond_args, argv, loaded)
         if loaded and synthetic:
             raise UsageError("--model_name_or_path continues a model on new data: pass --train_file or --dataset_name.")
-        if loaded and model_args.config_overrides:
-            raise UsageError("--config_overrides describes a new model; a loaded one (--model_name_or_path) keeps its own.")
         condinit = None if loaded else cond_args.condinit_dict(seed=training_args.seed)
         config, config_path = load_model_config(model_args, synthetic)
         if attention_given or not loaded:
-            check_attention_usable(cond_args.attention, AutoModelForCausalLM, config, training_args.use_cpu)
+            check_attention_usable(cond_args.attention, model_class(AutoModelForCausalLM, config, loaded,
+                                                                    model_args.hub_kwargs()),
+                                   config, training_args.use_cpu)
         context = context_length(config)
         spec = None
         if synthetic:
@@ -407,6 +441,8 @@ def main(argv=None):
             raise ValueError("--validation_file needs --train_file")
         if data_args.dataset_name and data_args.train_file:
             raise ValueError("pass either --dataset_name or --train_file, not both")
+        if data_args.streaming:
+            check_streaming_flags(training_args, synthetic)
         resume = find_last_checkpoint(training_args, logger)
         blimp_pairs = None
         if data_args.blimp_dir:
@@ -425,7 +461,12 @@ def main(argv=None):
     with user_errors(training_args.output_dir):
         claim_output_dir(training_args)
         tokenizer, lm = prepare_data(model_args, data_args, training_args, spec, context, block_size)
-    train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples, data_args.max_eval_samples)
+        if data_args.streaming:  # the validation blocks are read (and written to the cache) here
+            train_dataset, eval_dataset = streamed_splits(lm, training_args, data_args.max_train_samples,
+                                                          data_args.max_eval_samples, model_args.cache_dir)
+        else:
+            train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples,
+                                                        data_args.max_eval_samples)
     if loaded and len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {loaded} only {config.vocab_size}; "
                          f"pass the model's own tokenizer (omit --tokenizer_name).")
@@ -459,6 +500,8 @@ def main(argv=None):
     make_throughput_callback(cond_args, trainer)
     if cond_args.log_condition_number_every:
         source = eval_dataset if eval_dataset is not None else train_dataset
+        if data_args.streaming and eval_dataset is None:
+            source = materialize(train_dataset, cond_args.condition_number_probe_size, model_args.cache_dir)
         cond_args.condition_number_probe_length = min(cond_args.condition_number_probe_length, block_size)
         make_condition_number_callback(cond_args, source, trainer)
 

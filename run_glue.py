@@ -49,8 +49,10 @@ from transformers import (
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
 from hf_condinit.glue import GLUE_TASKS, SUITE_TASKS, format_glue_table, get_task, glue_average, glue_task_score
-from hf_condinit.glue import load_glue_metric, read_glue_file
+from hf_condinit.glue import custom_task, load_custom_files, load_glue_metric, read_glue_file
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
+from hf_condinit.scripts.arguments import TokenizerHubArguments
+from hf_condinit.scripts.model_config import model_class
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
@@ -83,7 +85,10 @@ _FILE_CANDIDATES = {
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(TokenizerHubArguments):
+    """HF's ``run_glue.py`` model fields (the hub fields of :class:`TokenizerHubArguments` included) plus the
+    WordPiece trained when no tokenizer is given."""
+
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Pretrained checkpoint (path or hub id). Default: a new Crammed BERT."}
     )
@@ -96,8 +101,6 @@ class ModelArguments:
     tokenizer_vocab_size: int = field(
         default=8192, metadata={"help": "Vocabulary of the WordPiece trained when there is no tokenizer."}
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for hub downloads."})
-    token: str | None = field(default=None, metadata={"help": "Hub token (hub paths only)."})
     ignore_mismatched_sizes: bool = field(
         default=False, metadata={"help": "Allow a checkpoint whose head has another number of labels."}
     )
@@ -106,8 +109,14 @@ class ModelArguments:
 @dataclass
 class DataTrainingArguments:
     task_name: str | None = field(
-        default=None, metadata={"help": "GLUE task: " + ", ".join(GLUE_TASKS) + " (needed unless --glue_suite)."}
+        default=None,
+        metadata={"help": "GLUE task: " + ", ".join(GLUE_TASKS) + ". Without it: --glue_suite, or one's own csv / "
+                          "json --train_file / --validation_file (or --dataset_name) with a label column."},
     )
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Without --task_name: a hub dataset with a label column (needs network)."}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "The hub dataset's configuration."})
     train_file: str | None = field(default=None, metadata={"help": "Local training file (.tsv/.csv/.json)."})
     validation_file: str | None = field(
         default=None, metadata={"help": "Local validation file (MNLI: matched) (.tsv/.csv/.json)."}
@@ -146,9 +155,17 @@ class DataTrainingArguments:
         if self.glue_suite:
             return
         if self.task_name is None:
-            raise ValueError(
-                "run_glue.py needs --task_name (one of " + ", ".join(GLUE_TASKS) + ") or --glue_suite."
-            )
+            if self.dataset_name is None and self.train_file is None:
+                raise ValueError("run_glue.py needs --task_name (one of " + ", ".join(GLUE_TASKS) + "), "
+                                 "--glue_suite, or one's own data: --train_file (csv / json with a label column) "
+                                 "or --dataset_name.")
+            if self.dataset_name is not None and self.train_file is not None:
+                raise ValueError("pass either --dataset_name or --train_file, not both")
+            if self.validation_mismatched_file is not None:
+                raise ValueError("--validation_mismatched_file is for --task_name mnli only.")
+            return
+        if self.dataset_name is not None:
+            raise ValueError("--dataset_name is for one's own data; --task_name loads GLUE itself.")
         self.task_name = get_task(self.task_name).name
         if self.validation_mismatched_file is not None and self.task_name != "mnli":
             raise ValueError("--validation_mismatched_file is for --task_name mnli only.")
@@ -169,6 +186,17 @@ class GlueTrainingArguments(TrainingArguments):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_custom_datasets(data_args: DataTrainingArguments, model_args: ModelArguments):
+    """``(raw, task)`` of one's own data (no ``--task_name``): the csv / json files, or ``--dataset_name``, with the
+    labels and text columns found as HF's ``run_glue.py`` finds them (:mod:`hf_condinit.glue.custom`)."""
+    if data_args.dataset_name is not None:
+        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name,
+                                    cache_dir=model_args.cache_dir, token=model_args.token)
+        return custom_task(raw, where={split: f"--dataset_name {data_args.dataset_name!r} ({split})" for split in raw})
+    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    return load_custom_files({k: v for k, v in files.items() if v is not None}, cache_dir=model_args.cache_dir)
 
 
 def load_task_datasets(task, data_args: DataTrainingArguments, model_args: ModelArguments):
@@ -213,11 +241,13 @@ def check_task(model_args, cond_args, training_args, attention_given: bool) -> s
         if attention_given or not model_args.model_name_or_path:
             if model_args.model_name_or_path or model_args.config_name:
                 config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
-                                                    cache_dir=model_args.cache_dir, token=model_args.token)
+                                                    **model_args.hub_kwargs())
             else:
                 config = CrammedBertConfig(**parse_config_overrides(model_args.config_overrides, CrammedBertConfig()))
-            check_attention_usable(cond_args.attention, AutoModelForSequenceClassification, config,
-                                   training_args.use_cpu)
+            check_attention_usable(cond_args.attention, model_class(AutoModelForSequenceClassification, config,
+                                                                    model_args.model_name_or_path,
+                                                                    model_args.hub_kwargs()),
+                                   config, training_args.use_cpu)
         return find_last_checkpoint(training_args, logger)
 
 
@@ -229,16 +259,20 @@ def run_task(
     attention_given: bool = True,
     resume: str | None = None,
 ) -> dict:
-    """Finetune / evaluate one GLUE task; returns the evaluation metrics (MNLI: matched and ``*_mm``).
+    """Finetune / evaluate one GLUE task, or one's own data without ``--task_name``; returns the evaluation metrics
+    (MNLI: matched and ``*_mm``).
 
     ``attention_given``: whether ``--attention`` was on the command line (a loaded checkpoint keeps its attention
     implementation otherwise). ``resume``: the checkpoint from :func:`check_task`."""
-    task = get_task(data_args.task_name)
     set_seed(training_args.seed)
 
     with user_errors(training_args.output_dir):
         claim_output_dir(training_args)
-        raw = load_task_datasets(task, data_args, model_args)
+        if data_args.task_name is None:
+            raw, task = load_custom_datasets(data_args, model_args)
+        else:
+            task = get_task(data_args.task_name)
+            raw = load_task_datasets(task, data_args, model_args)
         if training_args.do_train and "train" not in raw:
             raise ValueError(f"--do_train needs a training split for {task.name}: pass --train_file.")
         eval_split = "validation_matched" if task.name == "mnli" else "validation"
@@ -257,11 +291,8 @@ def run_task(
 
     # ---- tokenizer ----
     if model_args.tokenizer_name or model_args.model_name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(
-            model_args.tokenizer_name or model_args.model_name_or_path,
-            cache_dir=model_args.cache_dir,
-            token=model_args.token,
-        )
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path,
+                                                  **model_args.tokenizer_kwargs())
     else:
         if "train" not in raw:
             raise ValueError("Without --model_name_or_path / --tokenizer_name a training split is needed to train a "
@@ -281,14 +312,10 @@ def run_task(
 
     # ---- model ----
     if model_args.model_name_or_path:
-        config = AutoConfig.from_pretrained(
-            model_args.config_name or model_args.model_name_or_path,
-            cache_dir=model_args.cache_dir,
-            token=model_args.token,
-            **label_kwargs,
-        )
-        kwargs = {"config": config, "cache_dir": model_args.cache_dir, "token": model_args.token,
-                  "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes}
+        config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
+                                            **model_args.hub_kwargs(), **label_kwargs)
+        kwargs = {"config": config, "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes,
+                  **model_args.hub_kwargs()}
         if attention_given:
             kwargs["attn_implementation"] = cond_args.attention
         model = AutoModelForSequenceClassification.from_pretrained(model_args.model_name_or_path, **kwargs)
@@ -302,6 +329,7 @@ def run_task(
             config,
             condinit=cond_args.condinit_dict(training_args.seed),
             attn_implementation=cond_args.attention,
+            trust_remote_code=model_args.trust_remote_code,
         )
     logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
                 f"attention={model.config._attn_implementation}")
@@ -475,7 +503,7 @@ def parse(argv: list[str] | None = None):
     gets ``runs/glue-<task or suite>-<init or from-model>-<attention>``. Raises ``UsageError`` for a bad flag."""
     parsed, attention_given = parse_and_set_up(
         (ModelArguments, DataTrainingArguments, CondInitArguments, GlueTrainingArguments), argv, logger,
-        output_prefix=lambda parsed: "glue-" + ("suite" if parsed[1].glue_suite else parsed[1].task_name),
+        output_prefix=lambda parsed: "glue-" + ("suite" if parsed[1].glue_suite else parsed[1].task_name or "custom"),
         run_modes=("do_train", "do_eval", "do_predict"),
     )  # fmt: skip
     model_args, _, cond_args, _ = parsed

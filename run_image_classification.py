@@ -71,6 +71,8 @@ from hf_condinit.scripts_common import (
     train_and_save,
     user_errors,
 )
+from hf_condinit.scripts.arguments import HubArguments
+from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.vision import (
     ImageTransform,
     check_image_source,
@@ -87,11 +89,20 @@ DEFAULT_MODEL_CONFIG = "vit-cpu-cifar"
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(HubArguments):
+    """HF's ``run_image_classification.py`` model fields (``--model_type``, ``--config_name`` = ``--model_config``,
+    the hub fields of :class:`HubArguments`) plus the project's ``--model_config`` names."""
+
     model_config: str | None = field(
         default=None,
         metadata={"help": "Model shape: a name in configs/ (vit-cpu-cifar, vit-tiny-cifar), a path to a config.json "
-                          "or a directory holding one, or a hub id. Default: vit-cpu-cifar. Trained from scratch."},
+                          "or a directory holding one, or a hub id. Default: vit-cpu-cifar. Trained from scratch.",
+                  "aliases": ["--config_name"]},
+    )
+    model_type: str | None = field(
+        default=None,
+        metadata={"help": "Train a new model from this model type's default config (e.g. vit, deit, swin), "
+                          "adjusted with --config_overrides. Default: --model_config."},
     )
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A checkpoint to finetune instead (from_pretrained; never re-initialised)."}
@@ -102,8 +113,6 @@ class ModelArguments:
     image_processor_name: str | None = field(
         default=None, metadata={"help": "Image processor path or hub id. Default: a ViTImageProcessor from the config."}
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for hub downloads and datasets."})
-    token: str | None = field(default=None, metadata={"help": "Hub token (hub paths only)."})
     ignore_mismatched_sizes: bool = field(
         default=False, metadata={"help": "Allow a checkpoint whose head has another number of labels."}
     )
@@ -114,10 +123,12 @@ class DataTrainingArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset, e.g. uoft-cs/cifar10 (network)."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration."})
     train_file: str | None = field(
-        default=None, metadata={"help": "Local training data: a .parquet file or an imagefolder directory."}
+        default=None, metadata={"help": "Local training data: a .parquet file or an imagefolder directory.",
+                                "aliases": ["--train_dir"]}
     )
     validation_file: str | None = field(
-        default=None, metadata={"help": "Local validation data: a .parquet file or an imagefolder directory."}
+        default=None, metadata={"help": "Local validation data: a .parquet file or an imagefolder directory.",
+                                "aliases": ["--validation_dir"]}
     )
     train_val_split: float = field(
         default=0.15, metadata={"help": "Without validation data: this fraction of the training rows becomes it."}
@@ -176,14 +187,19 @@ class ImageTrainingArguments(TrainingArguments):
 
 def model_config(model_args: ModelArguments):
     """The config of the model before the labels are known: the checkpoint's (``--model_name_or_path``), or a new
-    model's from ``--model_config`` (default ``vit-cpu-cifar``) and ``--config_overrides``. ``UsageError`` for
-    ``--model_config`` / ``--config_overrides`` with a loaded model."""
+    model's from ``--model_type`` or ``--model_config`` (default ``vit-cpu-cifar``) and ``--config_overrides``.
+    ``UsageError`` for ``--model_type`` / ``--model_config`` / ``--config_overrides`` with a loaded model, or for
+    both ``--model_type`` and ``--model_config``."""
     if model_args.model_name_or_path:
-        for flag in ("model_config", "config_overrides"):
+        for flag in ("model_type", "model_config", "config_overrides"):
             if getattr(model_args, flag):
                 raise UsageError(f"--{flag} describes a new model; a loaded one (--model_name_or_path) keeps its own.")
-        return AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
-                                          token=model_args.token)
+        return AutoConfig.from_pretrained(model_args.model_name_or_path, **model_args.hub_kwargs())
+    if model_args.model_type:
+        if model_args.model_config:
+            raise UsageError("--model_type and --model_config (--config_name) both describe the new model; pass one.")
+        return config_for_model_type(model_args.model_type, AutoModelForImageClassification,
+                                     model_args.config_overrides)
     config, _ = resolve_model_config(model_args.model_config or DEFAULT_MODEL_CONFIG, CONFIG_DIR,
                                      model_args.config_overrides, model_args.cache_dir, model_args.token)
     return config
@@ -250,17 +266,18 @@ def build_trainer(model_args, data_args, cond_args, training_args, attention_giv
     config.update({"num_labels": len(labels), "id2label": dict(enumerate(labels)),
                    "label2id": {name: i for i, name in enumerate(labels)}})
     if loaded:
-        kwargs = {"config": config, "cache_dir": model_args.cache_dir, "token": model_args.token,
-                  "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes}
+        kwargs = {"config": config, "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes,
+                  **model_args.hub_kwargs()}
         if attention_given:
             kwargs["attn_implementation"] = cond_args.attention
         model = AutoModelForImageClassification.from_pretrained(loaded, **kwargs)
     else:
         model = AutoModelForImageClassification.from_config(config, condinit=condinit,
-                                                            attn_implementation=cond_args.attention)
+                                                            attn_implementation=cond_args.attention,
+                                                            trust_remote_code=model_args.trust_remote_code)
     if model_args.image_processor_name or loaded:
-        image_processor = AutoImageProcessor.from_pretrained(
-            model_args.image_processor_name or loaded, cache_dir=model_args.cache_dir, token=model_args.token)
+        image_processor = AutoImageProcessor.from_pretrained(model_args.image_processor_name or loaded,
+                                                             **model_args.hub_kwargs())
     else:
         image_processor = ViTImageProcessorPil(size={"height": config.image_size, "width": config.image_size})
     init = f"loaded from {loaded}" if loaded else f"init={condinit['method']} seed={condinit['seed']}"
@@ -323,7 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
             cond_args.condinit_dict(training_args.seed)
         config = model_config(model_args)
         if attention_given or not loaded:
-            check_attention_usable(cond_args.attention, AutoModelForImageClassification, config, training_args.use_cpu)
+            check_attention_usable(cond_args.attention, model_class(AutoModelForImageClassification, config, loaded,
+                                                                    model_args.hub_kwargs()),
+                                   config, training_args.use_cpu)
         last_checkpoint = find_last_checkpoint(training_args, logger)
 
     with user_errors(training_args.output_dir):

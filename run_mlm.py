@@ -47,12 +47,16 @@ from transformers import (
 )
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
+from hf_condinit.data.streaming import check_first_blocks, streamed_splits
 from hf_condinit.data.text import load_raw_datasets, pack_datasets, split_sources, tokenize_datasets
 from hf_condinit.data.tokenizer import batch_iterator
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
+from hf_condinit.scripts.arguments import TokenizerHubArguments
+from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    UsageError,
     check_attention_usable,
     check_loaded_model_flags,
     evaluate_with_perplexity,
@@ -73,10 +77,18 @@ DOC_SEPARATORS = ("<|endoftext|>",)
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(TokenizerHubArguments):
+    """HF's ``run_mlm.py`` model fields (the hub fields of :class:`TokenizerHubArguments` included) plus the WordPiece
+    trained when no tokenizer is given."""
+
     model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Checkpoint to continue pretraining (from_pretrained). Default: a new Crammed BERT."},
+    )
+    model_type: str | None = field(
+        default=None,
+        metadata={"help": "Train a new model from this model type's default config (e.g. bert, roberta), adjusted "
+                          "with --config_overrides. Default: Crammed BERT (crammed_bert)."},
     )
     config_name: str | None = field(
         default=None, metadata={"help": "Config name or path, if not the same as model_name_or_path."}
@@ -94,8 +106,6 @@ class ModelArguments:
     tokenizer_vocab_size: int = field(
         default=32768, metadata={"help": "Vocabulary size of the WordPiece tokenizer trained when none is given."}
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for hub downloads."})
-    token: str | None = field(default=None, metadata={"help": "Hub token (hub paths only)."})
 
 
 @dataclass
@@ -110,6 +120,20 @@ class DataTrainingArguments:
     )
     max_seq_length: int = field(default=128, metadata={"help": "Block length after packing (crammed: 128)."})
     mlm_probability: float = field(default=0.25, metadata={"help": "Masking rate (crammed: 0.25)."})
+    line_by_line: bool = field(
+        default=False,
+        metadata={"help": "One sequence per line (truncated to --max_seq_length) instead of packed blocks."},
+    )
+    pad_to_max_length: bool = field(
+        default=False,
+        metadata={"help": "With --line_by_line: pad every line to --max_seq_length (default: per batch)."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Stream the data: read, tokenize and pack on the fly (no Arrow cache of the corpus), the "
+                  "same blocks in the same order as without it; needs --max_steps (docs/pretraining.md, "
+                  "\"Streaming\")."},
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the packed training blocks."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the packed evaluation blocks."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for preprocessing."})
@@ -144,9 +168,15 @@ class MLMTrainingArguments(TrainingArguments):
 
 
 def build_config(model_args: ModelArguments, vocab_size: int, pad_token_id: int, max_len: int):
-    """The config of a new model: ``--config_name`` or a default Crammed BERT, then ``--config_overrides``."""
+    """The config of a new model: ``--config_name``, ``--model_type``'s default or a default Crammed BERT, then
+    ``--config_overrides``."""
+    if model_args.config_name and model_args.model_type:
+        raise ValueError("--model_type and --config_name both describe the new model; pass one.")
     if model_args.config_name:
-        config = AutoConfig.from_pretrained(model_args.config_name, cache_dir=model_args.cache_dir)
+        config = AutoConfig.from_pretrained(model_args.config_name, **model_args.hub_kwargs())
+        config_cls, base = type(config), config.to_dict()
+    elif model_args.model_type:
+        config = config_for_model_type(model_args.model_type, AutoModelForMaskedLM)
         config_cls, base = type(config), config.to_dict()
     else:
         config_cls, base = CrammedBertConfig, {}
@@ -207,19 +237,29 @@ def main(argv: list[str] | None = None):
         check_loaded_model_flags(cond_args, argv, model_args.model_name_or_path)
         condinit = None if model_args.model_name_or_path else cond_args.condinit_dict(training_args.seed)
         config = reference_config(model_args, data_args)  # a bad --config_overrides / --max_seq_length fails here
+        if data_args.streaming and training_args.do_train and training_args.max_steps <= 0:
+            raise UsageError("--streaming needs --max_steps N: a stream has no length to count epochs in.")
+        if data_args.pad_to_max_length and not data_args.line_by_line:
+            raise UsageError("--pad_to_max_length pads --line_by_line sequences; packed blocks are all "
+                             "--max_seq_length long already.")
         if attention_given or not model_args.model_name_or_path:
-            check_attention_usable(cond_args.attention, AutoModelForMaskedLM, config, training_args.use_cpu)
+            check_attention_usable(cond_args.attention, model_class(AutoModelForMaskedLM, config,
+                                                                    model_args.model_name_or_path,
+                                                                    model_args.hub_kwargs()),
+                                   config, training_args.use_cpu)
         last_checkpoint = find_last_checkpoint(training_args, logger)
 
     set_seed(training_args.seed)
     with user_errors(training_args.output_dir):
         claim_output_dir(training_args)
         tokenizer, lm_datasets = prepare_data(model_args, data_args, training_args)
+        if data_args.streaming:  # the validation blocks are read (and written to the cache) here
+            train_dataset, eval_dataset = streamed_splits(lm_datasets, training_args, data_args.max_train_samples,
+                                                          data_args.max_eval_samples, model_args.cache_dir)
+        else:
+            train_dataset, eval_dataset = select_splits(lm_datasets, training_args, data_args.max_train_samples,
+                                                        data_args.max_eval_samples)
     model = build_model(model_args, cond_args, tokenizer, data_args, condinit, attention_given)
-
-    train_dataset, eval_dataset = select_splits(
-        lm_datasets, training_args, data_args.max_train_samples, data_args.max_eval_samples
-    )
 
     data_collator = DataCollatorForLanguageModeling(
         tokenizer=tokenizer,
@@ -251,7 +291,11 @@ def reference_config(model_args: ModelArguments, data_args: DataTrainingArgument
     """The config the model will have (loaded, or :func:`build_config`'s with a placeholder vocabulary), for the
     checks made before any work (``--config_overrides``, ``--max_seq_length``, ``--attention``)."""
     if model_args.model_name_or_path:
-        return AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+        for flag in ("model_type", "config_overrides"):
+            if getattr(model_args, flag):
+                raise ValueError(f"--{flag} describes a new model; a loaded one (--model_name_or_path) keeps its own.")
+        return AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
+                                          **model_args.hub_kwargs())
     return build_config(model_args, model_args.tokenizer_vocab_size, 0, data_args.max_seq_length)
 
 
@@ -268,18 +312,18 @@ def prepare_data(model_args, data_args, training_args):
         keep_linebreaks=False,
         cache_dir=model_args.cache_dir,
         token=model_args.token,
+        streaming=data_args.streaming,
     )
     raw_datasets = raw_datasets.filter(
         lambda batch: [t.strip() not in DOC_SEPARATORS for t in batch[text_column]], batched=True
     )
-    if len(raw_datasets["train"]) == 0:
+    if not data_args.streaming and len(raw_datasets["train"]) == 0:
         raise ValueError(f"the training data ({data_args.train_file or data_args.dataset_name}) has no text rows.")
 
     # ---- tokenizer ----
     if model_args.tokenizer_name or model_args.model_name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(
-            model_args.tokenizer_name or model_args.model_name_or_path, cache_dir=model_args.cache_dir
-        )
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path,
+                                                  **model_args.tokenizer_kwargs())
     else:
         logger.info(f"Training a WordPiece tokenizer (vocab {model_args.tokenizer_vocab_size}) on the training split")
         tokenizer = train_wordpiece_tokenizer(
@@ -294,6 +338,8 @@ def prepare_data(model_args, data_args, training_args):
     if model_args.model_name_or_path:
         max_positions = getattr(reference_config(model_args, data_args), "max_position_embeddings", None)
         max_seq_length = min(max_seq_length, max_positions or max_seq_length)
+    sources = split_sources(data_args.train_file, data_args.validation_file, data_args.dataset_name,
+                            data_args.validation_split_percentage)
     with training_args.main_process_first(desc="tokenizing and packing"):
         tokenized = tokenize_datasets(
             raw_datasets,
@@ -301,15 +347,20 @@ def prepare_data(model_args, data_args, training_args):
             text_column,
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
+            max_length=max_seq_length if data_args.line_by_line else None,
+            pad_to_max_length=data_args.pad_to_max_length,
         )
+        if data_args.line_by_line:
+            if data_args.streaming:
+                check_first_blocks(tokenized, max_seq_length, sources)
+            return tokenizer, tokenized
         lm_datasets = pack_datasets(
             tokenized,
             max_seq_length,
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
             add_labels=False,
-            sources=split_sources(data_args.train_file, data_args.validation_file, data_args.dataset_name,
-                                  data_args.validation_split_percentage),
+            sources=sources,
         )
     return tokenizer, lm_datasets
 
@@ -317,13 +368,16 @@ def prepare_data(model_args, data_args, training_args):
 def build_model(model_args, cond_args, tokenizer, data_args, condinit, attention_given: bool):
     """Load ``--model_name_or_path`` (never re-initialised) or build a new model with the condinit recipe."""
     if model_args.model_name_or_path:
-        kwargs = {"cache_dir": model_args.cache_dir}
+        kwargs = model_args.hub_kwargs()
+        if model_args.config_name:
+            kwargs["config"] = reference_config(model_args, data_args)
         if attention_given:
             kwargs["attn_implementation"] = cond_args.attention
         model = AutoModelForMaskedLM.from_pretrained(model_args.model_name_or_path, **kwargs)
     else:
         config = build_config(model_args, len(tokenizer), tokenizer.pad_token_id, data_args.max_seq_length)
-        model = AutoModelForMaskedLM.from_config(config, condinit=condinit, attn_implementation=cond_args.attention)
+        model = AutoModelForMaskedLM.from_config(config, condinit=condinit, attn_implementation=cond_args.attention,
+                                                 trust_remote_code=model_args.trust_remote_code)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(f"Model {type(model).__name__}: {n_params / 1e6:.2f}M parameters, init={cond_args.init}, "
                 f"attention={model.config._attn_implementation}")

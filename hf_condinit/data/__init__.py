@@ -2,6 +2,7 @@
 
 - :mod:`.synthetic`: the embedded offline corpus (multi-query associative recall), generated from a seed.
 - :mod:`.text`: local/hub text loading with validation, blank-line handling, validation split and packing.
+- :mod:`.streaming`: the same rows and blocks as ``IterableDataset`` (``--streaming``).
 - :mod:`.tokenizer`: train a byte-level BPE offline and wrap it as a ``PreTrainedTokenizerFast``.
 
 Nothing here downloads anything unless a hub dataset name is passed explicitly.
@@ -24,6 +25,7 @@ from .text import (
     split_sources,
     tokenize_datasets,
 )
+from .streaming import materialize, streamed_splits
 from .tokenizer import batch_iterator, train_bpe_tokenizer
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "pack_datasets",
     "split_sources",
     "tokenize_datasets",
+    "materialize",
+    "streamed_splits",
     "batch_iterator",
     "train_bpe_tokenizer",
 ]

@@ -24,6 +24,8 @@ import logging
 import os
 from collections.abc import Callable
 
+from .streaming import check_first_blocks, count_rows, split_stream
+
 logger = logging.getLogger(__name__)
 
 TEXT_EXTENSIONS = ("txt", "text", "raw", "tokens")
@@ -91,10 +93,16 @@ def drop_blank_rows(ds, text_column: str = "text"):
     return ds.filter(lambda batch: [bool(t and t.strip()) for t in batch[text_column]], batched=True)
 
 
+def column_names(ds) -> list[str]:
+    """The columns of a ``Dataset`` or ``IterableDataset`` (a streamed one whose features are unknown: its first
+    row's keys)."""
+    if ds.column_names is not None:
+        return list(ds.column_names)
+    return list(next(iter(ds)).keys())
+
+
 def _resolve_text_column(ds, text_column: str | None) -> str:
-    cols = ds.column_names
-    if isinstance(cols, dict):  # DatasetDict
-        cols = next(iter(cols.values()))
+    cols = column_names(next(iter(ds.values())))
     if text_column is not None:
         if text_column not in cols:
             raise ValueError(f"text column {text_column!r} not found; the data has columns {cols}.")
@@ -126,6 +134,11 @@ def load_raw_datasets(
     cached) or ``train_file`` (local; ``validation_file`` optional). Without a validation set, the first
     ``validation_split_percentage`` % of the training rows become one (0 disables evaluation data).
 
+    ``streaming``: an ``IterableDatasetDict`` with the same rows in the same order (:mod:`.streaming`): the split
+    of a local file counts its rows in one pass (no tokenization) and takes the same contiguous first rows; a hub
+    dataset without a validation split needs its row count in the dataset's metadata. Blank rows are dropped
+    lazily; the emptiness checks happen when the first block is packed (:func:`.streaming.check_first_blocks`).
+
     Returns ``(raw_datasets, text_column)``; the text column is renamed to nothing, just resolved.
     """
     from datasets import DatasetDict, load_dataset
@@ -146,13 +159,19 @@ def load_raw_datasets(
         if "train" not in raw:
             raise ValueError(f"dataset {dataset_name!r} has no 'train' split (splits: {list(raw)})")
         if "validation" not in raw and validation_split_percentage > 0:
-            if streaming:
-                raise ValueError(f"dataset {dataset_name!r} has no validation split; not supported with streaming")
             pct = validation_split_percentage
-            raw = DatasetDict(
-                validation=load_dataset(dataset_name, dataset_config_name, split=f"train[:{pct}%]", **common),
-                train=load_dataset(dataset_name, dataset_config_name, split=f"train[{pct}%:]", **common),
-            )
+            if streaming:
+                n_rows = raw["train"].info.splits["train"].num_examples if raw["train"].info.splits else None
+                if not n_rows:
+                    raise ValueError(f"dataset {dataset_name!r} has no validation split and no row count to take "
+                                     f"{pct:g} % of its rows from while streaming; pass "
+                                     f"--validation_split_percentage 0 (no evaluation) or stream it without --streaming")
+                raw = split_stream(raw["train"], n_rows, pct)
+            else:
+                raw = DatasetDict(
+                    validation=load_dataset(dataset_name, dataset_config_name, split=f"train[:{pct}%]", **common),
+                    train=load_dataset(dataset_name, dataset_config_name, split=f"train[{pct}%:]", **common),
+                )
         builder = None
     else:
         builder = check_data_file(train_file, "train_file")
@@ -164,26 +183,29 @@ def load_raw_datasets(
                     f"--train_file is {builder} but --validation_file is {vbuilder}; use the same format for both"
                 )
             data_files["validation"] = validation_file
-        kwargs = dict(common)
+        kwargs = dict(common, streaming=streaming)
         if builder == "text":
             kwargs["keep_linebreaks"] = keep_linebreaks
         raw = _load_local(builder, data_files, kwargs)
         if "validation" not in raw and validation_split_percentage > 0:
             pct = validation_split_percentage
-            n_rows = len(raw["train"])
+            n_rows = count_rows(raw["train"]) if streaming else len(raw["train"])
             n_val = round(n_rows * pct / 100)  # datasets' "train[:p%]" rounding
             if n_val == 0:
                 raise ValueError(
                     f"--train_file {train_file!r} has {n_rows} rows, so {pct:g} % held out for validation is no row; "
                     f"pass --validation_file, a larger --validation_split_percentage, or more data."
                 )
-            raw = DatasetDict(
-                validation=load_dataset(builder, data_files=data_files, split=f"train[:{pct}%]", **kwargs),
-                train=load_dataset(builder, data_files=data_files, split=f"train[{pct}%:]", **kwargs),
-            )
+            if streaming:
+                raw = split_stream(raw["train"], n_rows, pct)
+            else:
+                raw = DatasetDict(
+                    validation=load_dataset(builder, data_files=data_files, split=f"train[:{pct}%]", **kwargs),
+                    train=load_dataset(builder, data_files=data_files, split=f"train[{pct}%:]", **kwargs),
+                )
 
     column = _resolve_text_column(raw, text_column)
-    if drop_blank and not streaming:
+    if drop_blank:
         raw = drop_blank_rows(raw, column)
     if not streaming:
         if len(raw["train"]) == 0:
@@ -236,18 +258,25 @@ def tokenize_datasets(
     num_proc: int | None = None,
     load_from_cache_file: bool = True,
     append_eos: bool = False,
+    max_length: int | None = None,
+    pad_to_max_length: bool = False,
     main_process_first: Callable[[], contextlib.AbstractContextManager] | None = None,
 ):
     """Tokenize every split, keeping only the tokenizer's outputs (``input_ids``, ``attention_mask``, ...).
 
     ``append_eos`` adds ``tokenizer.eos_token_id`` after every row (use it for data with one document per row;
-    for line-based text files, keep the line breaks instead, as HF's ``run_clm`` does).
+    for line-based text files, keep the line breaks instead, as HF's ``run_clm`` does). ``max_length``: one
+    sequence per row, truncated to it (HF's ``--line_by_line``), and padded to it with ``pad_to_max_length``.
     """
     ctx = main_process_first or contextlib.nullcontext
     eos = tokenizer.eos_token_id
 
+    kwargs = {}
+    if max_length is not None:
+        kwargs = dict(truncation=True, max_length=max_length, padding="max_length" if pad_to_max_length else False)
+
     def fn(batch):
-        out = tokenizer(batch[text_column], verbose=False)
+        out = tokenizer(batch[text_column], verbose=False, **kwargs)
         if append_eos:
             if eos is None:
                 raise ValueError("append_eos=True but the tokenizer has no eos_token")
@@ -257,12 +286,12 @@ def tokenize_datasets(
         return out
 
     any_split = next(iter(raw.values()))
-    remove = any_split.column_names
+    remove = column_names(any_split)
     with ctx():
-        kwargs = {}
+        map_kwargs = {}
         if hasattr(any_split, "num_rows"):  # map-style
-            kwargs = dict(num_proc=num_proc, load_from_cache_file=load_from_cache_file, desc="tokenizing")
-        return raw.map(fn, batched=True, remove_columns=remove, **kwargs)
+            map_kwargs = dict(num_proc=num_proc, load_from_cache_file=load_from_cache_file, desc="tokenizing")
+        return raw.map(fn, batched=True, remove_columns=remove, **map_kwargs)
 
 
 def group_texts(examples: dict, block_size: int, *, add_labels: bool = True) -> dict:
@@ -289,7 +318,9 @@ def pack_datasets(
 ):
     """Apply :func:`group_texts` to every split and check every split holds at least one block.
 
-    Packing works per ``map_batch_size`` rows (as in HF ``run_clm``), so each map batch drops its own remainder.
+    Packing works per ``map_batch_size`` rows (as in HF ``run_clm``), so each map batch drops its own remainder;
+    a streamed split (``IterableDataset``) is packed over the same groups of rows, lazily, and checked up to its
+    first block (:func:`.streaming.check_first_blocks`).
     ``sources``: split → how to name it in the error (e.g. ``{"train": "--train_file 'a.txt'"}``).
     """
     ctx = main_process_first or contextlib.nullcontext
@@ -304,8 +335,11 @@ def pack_datasets(
             batch_size=map_batch_size,
             **kwargs,
         )
+    if not hasattr(any_split, "num_rows"):
+        check_first_blocks(packed, block_size, sources)
+        return packed
     for split in packed:
-        if hasattr(packed[split], "num_rows") and packed[split].num_rows == 0:
+        if packed[split].num_rows == 0:
             n_tok = sum(len(x) for x in tokenized[split]["input_ids"])
             source = (sources or {}).get(split, f"the {split} split")
             if n_tok < block_size:

@@ -16,10 +16,14 @@ __all__ = ["train_bpe_tokenizer", "batch_iterator"]
 
 
 def batch_iterator(dataset, text_column: str = "text", batch_size: int = 1000) -> Iterator[list[str]]:
-    """Yield lists of strings from a ``datasets.Dataset`` column (or any sequence of dicts/strings)."""
-    if hasattr(dataset, "column_names"):
+    """Yield lists of strings from a ``datasets.Dataset`` or ``IterableDataset`` column (or any sequence of
+    dicts/strings)."""
+    if hasattr(dataset, "num_rows"):
         for i in range(0, len(dataset), batch_size):
             yield dataset[i : i + batch_size][text_column]
+    elif hasattr(dataset, "iter"):
+        for batch in dataset.iter(batch_size=batch_size):
+            yield batch[text_column]
     else:
         batch: list[str] = []
         for row in dataset:

@@ -2,10 +2,12 @@
 
 - :mod:`.tasks`: :class:`GlueTask`, :data:`GLUE_TASKS`, the local-file readers (TSV / CSV / JSON), the GLUE score
   of a task and the suite table;
+- :mod:`.custom`: one's own csv / json classification or regression files (``run_glue.py`` without ``--task_name``);
 - :mod:`.metric`: :func:`load_glue_metric` and :data:`GLUE_METRIC_PATH`, the shipped ``evaluate`` module
   (``glue_metric.py``, loaded by path, no hub).
 """
 
+from .custom import custom_task, load_custom_files
 from .metric import GLUE_METRIC_PATH, glue_metric_config_name, load_glue_metric
 from .tasks import (
     GLUE_TASKS,
@@ -26,6 +28,8 @@ from .tasks import (
 
 __all__ = [
     "GLUE_METRIC_PATH",
+    "custom_task",
+    "load_custom_files",
     "GLUE_TASKS",
     "SUITE_TASKS",
     "GlueFormatError",

@@ -12,6 +12,9 @@ Metrics per configuration (Wang et al. 2018, and the metric table of docs/method
     stsb:                       pearson, spearmanr    (scipy.stats.pearsonr / spearmanr)
     mrpc, qqp:                  accuracy, f1          (f1 of the positive class, sklearn.metrics.f1_score)
     sst2, mnli, mnli_matched, mnli_mismatched, qnli, rte, wnli, hans:  accuracy
+    classification (one's own files, run_glue.py without --task_name): accuracy, f1 (of class 1 with labels 0 / 1,
+                                macro over the classes with more)
+    regression (one's own files with float labels): pearson, spearmanr
 The values are fractions in [0, 1] (correlations in [-1, 1]), as in the hub's ``glue`` metric.
 """
 
@@ -63,6 +66,8 @@ CONFIG_NAMES = (
     "rte",
     "wnli",
     "hans",
+    "classification",
+    "regression",
 )
 
 
@@ -72,6 +77,13 @@ def simple_accuracy(preds, labels) -> float:
 
 def acc_and_f1(preds, labels) -> dict:
     return {"accuracy": simple_accuracy(preds, labels), "f1": float(f1_score(y_true=labels, y_pred=preds))}
+
+
+def acc_and_class_f1(preds, labels) -> dict:
+    """Accuracy and F1: of class 1 when every label and prediction is 0 or 1, else the macro mean over the classes."""
+    binary = max(np.max(preds, initial=0), np.max(labels, initial=0)) <= 1
+    f1 = f1_score(y_true=labels, y_pred=preds, average="binary" if binary else "macro")
+    return {"accuracy": simple_accuracy(preds, labels), "f1": float(f1)}
 
 
 def pearson_and_spearman(preds, labels) -> dict:
@@ -85,7 +97,7 @@ class Glue(evaluate.Metric):
             raise KeyError(
                 f"Unknown GLUE metric configuration {self.config_name!r}; expected one of {list(CONFIG_NAMES)}."
             )
-        dtype = "float32" if self.config_name == "stsb" else "int64"
+        dtype = "float32" if self.config_name in ("stsb", "regression") else "int64"
         return evaluate.MetricInfo(
             description=_DESCRIPTION,
             citation=_CITATION,
@@ -99,8 +111,10 @@ class Glue(evaluate.Metric):
     def _compute(self, predictions, references):
         if self.config_name == "cola":
             return {"matthews_correlation": float(matthews_corrcoef(references, predictions))}
-        if self.config_name == "stsb":
+        if self.config_name in ("stsb", "regression"):
             return pearson_and_spearman(predictions, references)
         if self.config_name in ("mrpc", "qqp"):
             return acc_and_f1(predictions, references)
+        if self.config_name == "classification":
+            return acc_and_class_f1(predictions, references)
         return {"accuracy": simple_accuracy(predictions, references)}

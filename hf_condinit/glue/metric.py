@@ -24,6 +24,7 @@ _ALIASES = {
 }
 _CONFIGS = (
     "sst2", "mnli", "mnli_mismatched", "mnli_matched", "cola", "stsb", "mrpc", "qqp", "qnli", "rte", "wnli", "hans",
+    "classification", "regression",
 )
 
 
@@ -40,7 +41,8 @@ def load_glue_metric(task: str, **kwargs):
     """``evaluate.load`` of the shipped GLUE metric for ``task``, with no hub access.
 
     Args:
-        task (`str`): GLUE task name (case-insensitive; ``sst-2`` / ``sts-b`` / ``mnli-mm`` spellings accepted).
+        task (`str`): GLUE task name (case-insensitive; ``sst-2`` / ``sts-b`` / ``mnli-mm`` spellings accepted), or
+            ``classification`` / ``regression`` for one's own files (:mod:`.custom`).
         **kwargs: passed to ``evaluate.load`` (e.g. ``experiment_id``, ``cache_dir``).
     """
     import evaluate

@@ -1,7 +1,7 @@
 """The layout protocol: where a family keeps q/k/v/o, as writable per-head views in math orientation.
 
-Math orientation (METHODS.md): row-vector convention, Q = X·W_Q with X (N, D), one head's W_Q, W_K, W_V of shape
-(D, d) and W_O's head-h block of shape (d, D). Storage differs per module type:
+Math orientation (docs/methods.md, "Notation"): row-vector convention, Q = X·W_Q with X (N, D), one head's W_Q, W_K,
+W_V of shape (D, d) and W_O's head-h block of shape (d, D). Storage differs per module type:
 
 - ``nn.Linear`` stores ``weight`` as (out, in): a head of q/k/v is a *row* block, seen transposed;
 - GPT-2 ``Conv1D`` stores ``weight`` as (in, out) = math orientation: a head is a *column* block, no transpose.

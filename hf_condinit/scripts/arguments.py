@@ -1,5 +1,6 @@
 """The flags every script shares: :class:`CondInitArguments` (``--init`` / ``--attention`` / method options, 1:1 with
-:class:`hf_condinit.config.CondInitConfig`) and the default sets :data:`LM_TRAINING_DEFAULTS` (docs/methods.md §7) and
+:class:`hf_condinit.config.CondInitConfig`), HF's hub fields (:class:`HubArguments`, :class:`TokenizerHubArguments`)
+and the default sets :data:`LM_TRAINING_DEFAULTS` (docs/methods.md §7) and
 :data:`SCRIPT_DEFAULTS`."""
 
 from __future__ import annotations
@@ -30,6 +31,45 @@ LM_TRAINING_DEFAULTS: dict[str, Any] = {
 #: Defaults of every script (explicit flags win): a non-finite loss must reach the logs, where
 #: ``NonFiniteLossCallback`` stops the run (HF's default filter would replace it by the running mean).
 SCRIPT_DEFAULTS: dict[str, Any] = {"logging_nan_inf_filter": False}
+
+
+@dataclass
+class HubArguments:
+    """HF's ``ModelArguments`` fields for reading a model, config, tokenizer or image processor (a folder or a hub id),
+    with HF's names, meaning and defaults; a script's ``ModelArguments`` inherits them. :meth:`hub_kwargs` gives the
+    keyword arguments of every ``from_pretrained`` / ``from_config`` call that reads one."""
+
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for hub downloads and datasets."})
+    model_revision: str = field(
+        default="main",
+        metadata={"help": "The model version to load from the hub: a branch name, tag name or commit id."},
+    )
+    token: str | None = field(default=None, metadata={"help": "Hub token, for private models, configs and data."})
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow a hub repository or folder to run its own model code (``auto_map`` in its "
+                          "config.json). Only for repositories whose code you have read."},
+    )
+
+    def hub_kwargs(self) -> dict[str, Any]:
+        """``cache_dir``, ``revision``, ``token`` and ``trust_remote_code`` for ``from_pretrained`` / ``from_config``."""
+        return {"cache_dir": self.cache_dir, "revision": self.model_revision, "token": self.token,
+                "trust_remote_code": self.trust_remote_code}
+
+
+@dataclass
+class TokenizerHubArguments(HubArguments):
+    """:class:`HubArguments` plus HF's ``--use_fast_tokenizer`` (the text scripts)."""
+
+    use_fast_tokenizer: bool = field(
+        default=True,
+        metadata={"help": "Use a fast (tokenizers-backed) tokenizer. Transformers 5 has only fast tokenizers: "
+                          "False is accepted, as in HF's scripts, and changes nothing."},
+    )
+
+    def tokenizer_kwargs(self) -> dict[str, Any]:
+        """:meth:`hub_kwargs` plus ``use_fast`` for ``AutoTokenizer.from_pretrained``."""
+        return {**self.hub_kwargs(), "use_fast": self.use_fast_tokenizer}
 
 
 @dataclass

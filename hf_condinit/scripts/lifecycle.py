@@ -164,7 +164,7 @@ def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_si
     if totals is not None:
         metrics.pop("train_loss", None)
         metrics.update(totals.metrics(trainer.state.global_step))
-    metrics["train_samples"] = len(train_dataset)
+    metrics["train_samples"] = train_samples(trainer, train_dataset)
     if block_size and "train_samples_per_second" in metrics:
         metrics["train_tokens_per_second"] = round(metrics["train_samples_per_second"] * block_size, 1)
     metrics.update(throughput_context())
@@ -172,6 +172,14 @@ def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_si
     trainer.save_metrics("train", metrics)
     trainer.save_state()
     return metrics
+
+
+def train_samples(trainer, train_dataset) -> int:
+    """The training set's size, or for a stream (no length, ``--streaming``) the samples the run's steps consumed."""
+    if hasattr(train_dataset, "__len__"):
+        return len(train_dataset)
+    args = trainer.args
+    return trainer.state.global_step * args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
 
 
 def evaluate_with_perplexity(trainer, eval_dataset) -> dict:

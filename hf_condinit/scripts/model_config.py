@@ -1,4 +1,5 @@
-"""The config of a new model (``--model_config``, ``--config_overrides``) and the causal-loss fix of GPT-2."""
+"""The config of a new model (``--model_config``, HF's ``--model_type``, ``--config_overrides``), the class a config
+builds (remote code included) and the causal-loss fix of GPT-2."""
 
 from __future__ import annotations
 
@@ -86,6 +87,45 @@ def resolve_model_config(name: str, config_dir: str, config_overrides: str | Non
         logger.info(f"Overriding config: {config_overrides}")
         config.update(parse_config_overrides(config_overrides, config))
     return config, path
+
+
+def model_types(auto_class) -> list[str]:
+    """The ``model_type`` names ``auto_class`` (``AutoModelForCausalLM``, ...) has a model for, registered ones
+    (Crammed BERT) included, sorted."""
+    mapping = auto_class._model_mapping
+    return sorted(set(mapping._model_mapping) | {c.model_type for c in mapping._extra_content})
+
+
+def config_for_model_type(model_type: str, auto_class, config_overrides: str | None = None):
+    """HF's ``--model_type`` (train from scratch): the default config of ``model_type`` (``AutoConfig.for_model``)
+    with ``--config_overrides`` applied (:func:`parse_config_overrides`, HF's ``update_from_string`` typing).
+
+    Raises ``ValueError`` naming the closest known type when ``auto_class`` has no model for ``model_type``."""
+    from transformers import AutoConfig
+
+    known = model_types(auto_class)
+    if model_type not in known:
+        raise ValueError(f"--model_type {model_type!r}{did_you_mean(model_type, known)} has no "
+                         f"{auto_class.__name__} model; choose one of: {', '.join(known)}.")
+    config = AutoConfig.for_model(model_type)
+    if config_overrides:
+        logger.info(f"Overriding config: {config_overrides}")
+        config.update(parse_config_overrides(config_overrides, config))
+    return config
+
+
+def model_class(auto_class, config, name_or_path: str | None, hub_kwargs: dict):
+    """The class ``auto_class`` builds for ``config``: the repository's own (``config.auto_map``, loaded from
+    ``name_or_path`` with ``hub_kwargs``) when ``hub_kwargs["trust_remote_code"]``, else ``auto_class`` itself
+    (resolved through its mapping by the caller). For the checks made before any work
+    (:func:`hf_condinit.scripts.model_checks.check_attention_usable`)."""
+    auto_map = getattr(config, "auto_map", None) or {}
+    if not (hub_kwargs.get("trust_remote_code") and auto_class.__name__ in auto_map and name_or_path):
+        return auto_class
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    kwargs = {k: hub_kwargs[k] for k in ("cache_dir", "revision", "token") if k in hub_kwargs}
+    return get_class_from_dynamic_module(auto_map[auto_class.__name__], name_or_path, **kwargs)
 
 
 def with_causal_loss_type(model):

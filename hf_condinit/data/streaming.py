@@ -1,0 +1,84 @@
+"""Streamed text data (``--streaming``): the rows, blocks and splits of :mod:`.text` as ``datasets.IterableDataset``.
+
+The streamed pipeline is the cached one with ``IterableDataset`` in place of ``Dataset``: the same rows (the
+validation split is the same contiguous first ``validation_split_percentage`` % of the rows, from a row count made
+in one pass without tokenizing), the same blank-row filter, the same tokenization, and packing over the same groups
+of ``map_batch_size`` rows (:func:`.text.pack_datasets`). A streamed run therefore yields the same blocks in the
+same order as the packed ``Dataset`` of a run without ``--streaming`` (single preprocessing worker; with
+``--preprocessing_num_workers N`` each of the N shards of a cached run starts its own group of rows). Nothing of
+the training split is written to disk; the validation blocks are (:func:`materialize`: evaluation needs a sized
+set, and its metrics are then those of the cached run).
+
+Under DDP, FSDP or DeepSpeed the Trainer's data loader (accelerate) reads the stream on rank 0 and gives each rank
+its own slice of every global batch: step ``s`` trains on blocks ``[s·B·W, (s+1)·B·W)`` of the stream (``B`` the
+per-device batch, ``W`` the world size), the blocks a one-process run with batch ``B·W`` sees at that step. A
+resumed run skips the blocks of the steps already done (the Trainer's ``skip_first_batches``) and lands on the same
+next block, as long as the run has not gone past the end of the stream once.
+"""
+
+from __future__ import annotations
+
+__all__ = ["count_rows", "split_stream", "check_first_blocks", "materialize", "streamed_splits"]
+
+
+def count_rows(stream, batch_size: int = 10_000) -> int:
+    """The number of rows of an ``IterableDataset``, read once in batches of ``batch_size`` (nothing tokenized)."""
+    return sum(len(next(iter(batch.values()))) for batch in stream.iter(batch_size=batch_size))
+
+
+def split_stream(stream, n_rows: int, percentage: float):
+    """``IterableDatasetDict(validation=first rows, train=the rest)``: the first ``round(n_rows · percentage / 100)``
+    rows of ``stream`` (``n_rows`` rows), as ``datasets``' ``train[:p%]`` / ``train[p%:]`` split a ``Dataset``.
+    Raises ``ValueError`` when that is no row."""
+    from datasets import IterableDatasetDict
+
+    n_val = round(n_rows * percentage / 100)  # datasets' "train[:p%]" rounding
+    if n_val == 0:
+        raise ValueError(f"the training data has {n_rows} rows, so {percentage:g} % held out for validation is no "
+                         f"row; pass --validation_file, a larger --validation_split_percentage, or more data.")
+    return IterableDatasetDict(validation=stream.take(n_val), train=stream.skip(n_val))
+
+
+def check_first_blocks(packed, block_size: int, sources: dict[str, str] | None = None) -> None:
+    """Raise ``ValueError`` naming the split's source (``sources``: split → how to name it) when a streamed split
+    yields no block of ``block_size`` tokens. Reads (and tokenizes) the split only up to its first block; a file
+    that cannot be parsed fails here too, with the reader's message."""
+    for split, stream in packed.items():
+        if next(iter(stream), None) is None:
+            source = (sources or {}).get(split, f"the {split} split")
+            raise ValueError(f"{source} gives no block of {block_size} tokens while streaming; give more text or a "
+                             f"smaller block size (--block_size / --max_seq_length).")
+
+
+def materialize(stream, limit: int | None = None, cache_dir: str | None = None):
+    """The blocks of ``stream`` (the first ``limit`` of them) as a map-style ``Dataset`` written to the ``datasets``
+    cache (``cache_dir``), for evaluation."""
+    from datasets import Dataset
+
+    source = stream.take(limit) if limit is not None else stream
+    return Dataset.from_generator(_rows, gen_kwargs={"stream": source}, cache_dir=cache_dir,
+                                  features=stream.features)
+
+
+def _rows(stream):
+    yield from stream
+
+
+def streamed_splits(lm_datasets, training_args, max_train_samples: int | None = None,
+                    max_eval_samples: int | None = None, cache_dir: str | None = None):
+    """``(train_dataset, eval_dataset)`` of a streamed run, as :func:`hf_condinit.scripts.lifecycle.select_splits`
+    gives them for a cached one: the training stream cut to ``--max_train_samples`` blocks (``take``), the
+    validation blocks (cut to ``--max_eval_samples``) made a ``Dataset`` (:func:`materialize`); ``None`` for a split
+    the run does not use. Raises ``ValueError`` when evaluation has no data."""
+    train_dataset = eval_dataset = None
+    if training_args.do_train:
+        train_dataset = lm_datasets["train"]
+        if max_train_samples is not None:
+            train_dataset = train_dataset.take(max_train_samples)
+    if training_args.do_eval:
+        if "validation" not in lm_datasets:
+            raise ValueError("--do_eval needs validation data: pass --validation_file or "
+                             "--validation_split_percentage > 0")
+        with training_args.main_process_first(desc="writing the validation blocks"):
+            eval_dataset = materialize(lm_datasets["validation"], max_eval_samples, cache_dir)
+    return train_dataset, eval_dataset
