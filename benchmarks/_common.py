@@ -45,6 +45,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from hf_condinit.stats import crossing_step  # noqa: E402,F401  (steps to reach: the library's rule, issue 35)
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data"))
 _WT2 = os.path.join(SHARED_DATA, "wikitext", "wikitext-2-raw")
@@ -777,20 +779,6 @@ def _train(spec: TrainSpec, data: LMData, run_dir: str, eval_sets: Optional[dict
 # ---------------------------------------------------------------------------------------------------------------
 # resumable execution: one record per finished run, claimed with lock files (several workers may share a folder)
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def crossing_step(curve, target: float, lower_better: bool = True) -> float | None:
-    """First step at which a curve of ``(step, value)`` pairs reaches ``target`` (``<=`` when lower is better, else
-    ``>=``), linearly interpolated between the two points around the crossing; None if never."""
-    prev = None
-    for step, value in curve:
-        if (value <= target) if lower_better else (value >= target):
-            if prev is None or prev[1] == value:
-                return float(step)
-            s0, v0 = prev
-            return s0 + (target - v0) / (value - v0) * (step - s0)
-        prev = (step, value)
-    return None
 
 
 def fail(message: str):

@@ -27,24 +27,47 @@ step, log scale; only when some run logged κ; a κ that is only a lower bound g
 legend entry). Each arm is labelled with its folder and its recipe (``B: conditioned (seed 0)``). A figure whose
 runs have one point each (one final evaluation, one κ measurement) is not drawn: the table says it all.
 
-Public API (reused by ``benchmarks/``): :func:`load_run`, :func:`compare_table`, :func:`format_table`,
-:func:`plot_eval_curves`, :func:`plot_kappa`, :func:`main`; :class:`RunGroup` (the seeds of one arm, summarised by
-their mean) and :class:`Curve` (a curve given directly) are accepted wherever runs are.
+**Seeds and the paired verdict.** Runs with the same recipe and learning rate but different seeds are one arm (one
+row, the means over its seeds; :func:`group_runs`). The seed and the learning rate are read from the run's model
+card (``README.md``, HF's "Training hyperparameters": ``- seed: N``, ``- learning_rate: X``; the recipe's seed
+otherwise). Below the table, every arm is compared with the baseline (``--baseline``; default: the model's default
+init with the default attention, else the first arm) by :func:`paired_rows`: the paired difference by seed of the
+final metric (pairs only between runs on the same machine, ``train_machine``, and the same data, the card's "Training
+and evaluation data"), its mean, 95 % Student-t interval and Holm-corrected verdict over the table's rows
+(:mod:`hf_condinit.stats`), steps to reach the baseline's final value and whether the arm's eval curve is flat. Each
+arm is paired with the baseline at its own learning rate when the baseline ran at it, else at the baseline's best
+rate; arms at different rates get a warning unless both recipes ran at several rates (a grid): a difference between
+two rates says nothing about the recipes (``python -m hf_condinit.study`` picks each arm's rate on a grid).
+
+Public API (reused by ``benchmarks/`` and :mod:`hf_condinit.study`): :func:`load_run`, :func:`compare_table`,
+:func:`format_table`, :func:`plot_eval_curves`, :func:`plot_kappa`, :func:`main`; :class:`RunGroup` (the seeds of one
+arm, summarised by their mean) and :class:`Curve` (a curve given directly) are accepted wherever runs are;
+:class:`Arm`, :func:`group_runs`, :func:`choose_baselines`, :func:`paired_rows`, :func:`format_paired`.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
+import re
 import sys
+from dataclasses import dataclass, field
 from typing import Sequence, Union
 
+from . import stats
 from .reporting.plots import Curve, RunGroup, aggregate_curves, common_metric, plot_eval_curves, plot_kappa
 from .reporting.runs import RunSummary, lower_is_better, recipe_summary, summarize_run
 from .scripts.flag_checks import check_writable_folder
 
 __all__ = [
+    "Arm",
+    "choose_baselines",
+    "format_paired",
+    "group_runs",
+    "paired_rows",
+    "training_facts",
     "RunSummary",
     "RunGroup",
     "Curve",
@@ -213,6 +236,166 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- seeds grouped into arms, and the paired verdict ---------------------------------------------------------------
+
+_HYPERPARAMETER = re.compile(r"^- (seed|learning_rate): (\S+)\s*$", re.M)
+
+
+def training_facts(run: RunSummary) -> dict:
+    """``seed``, ``learning_rate`` (the model card's hyperparameter lines; the recipe's seed when there is no card),
+    ``device`` (``train_results.json``'s ``train_machine``) and ``data`` (a digest of the card's "Training and
+    evaluation data" section); None for what the folder does not say."""
+    card = os.path.join(run.path, "README.md")
+    text = open(card, encoding="utf-8", errors="replace").read() if os.path.isfile(card) else ""
+    found = dict(_HYPERPARAMETER.findall(text))
+    section = re.search(r"^## Training and evaluation data\n(.*?)(?=^## )", text, re.M | re.S)
+    seed = found.get("seed", run.condinit.get("seed"))
+    return dict(seed=None if seed is None else int(seed),
+                learning_rate=float(found["learning_rate"]) if "learning_rate" in found else None,
+                device=run.final_metrics.get("train_machine"),
+                data=hashlib.sha256(section.group(1).encode()).hexdigest()[:12] if section else None)
+
+
+@dataclass
+class Arm:
+    """The runs of one recipe at one learning rate, by seed; ``label`` names it in tables."""
+
+    label: str
+    recipe: str
+    learning_rate: float | None
+    runs: dict = field(default_factory=dict)  # seed -> RunSummary
+
+    def item(self) -> Union[RunSummary, RunGroup]:
+        """What :func:`compare_table` takes: the run itself when there is one, else a :class:`RunGroup`."""
+        runs = list(self.runs.values())
+        return runs[0] if len(runs) == 1 else RunGroup(self.label, runs)
+
+
+def _rate(lr: float | None) -> str:
+    return "—" if lr is None else f"{lr:g}"
+
+
+def group_runs(runs: Sequence[RunSummary]) -> list[Arm]:
+    """Runs with the same recipe (seed aside) and learning rate, with distinct known seeds, as one :class:`Arm`
+    each, in the order of their first run; a run whose seed is unknown or already in its group is an arm of its own
+    (labelled by its folder name, as is an arm of one run)."""
+    arms: list[Arm] = []
+    open_groups: dict = {}
+    for run in runs:
+        facts = training_facts(run)
+        recipe = _recipe(RunGroup("", [run]))
+        key = (recipe, facts["learning_rate"])
+        arm = open_groups.get(key)
+        if arm is None or facts["seed"] is None or facts["seed"] in arm.runs:
+            arm = Arm(run.name, recipe, facts["learning_rate"])
+            arms.append(arm)
+            if facts["seed"] is not None:
+                open_groups[key] = arm
+        arm.runs[facts["seed"]] = run
+    for arm in arms:
+        if len(arm.runs) > 1:
+            arm.label = f"{arm.recipe} @ lr {_rate(arm.learning_rate)}"
+    return arms
+
+
+def choose_baselines(arms: Sequence[Arm], baseline: str | None = None) -> tuple[list[tuple[Arm, Arm]], list[str]]:
+    """``(pairs, warnings)``: each arm whose recipe is not the baseline's, with the baseline arm it is compared with
+    (module docstring: same rate, else the baseline's best rate), and one warning per pair at different rates
+    unless both recipes ran at several rates. ``baseline``: a recipe or a label; default: the model's default init
+    ("default" / "model default" recipe), else the first arm. ``ValueError`` for a ``baseline`` no arm has."""
+    if baseline is not None:
+        base = next((a.recipe for a in arms if baseline in (a.recipe, a.label)), None)
+        if base is None:
+            names = sorted({a.recipe for a in arms} | {a.label for a in arms})
+            raise ValueError(f"--baseline {baseline!r}: no run has that recipe or label; known: {', '.join(names)}")
+    else:
+        base = next((a.recipe for a in arms if a.recipe in ("default", "model default")), arms[0].recipe)
+    bases = [a for a in arms if a.recipe == base]
+    rates = {}
+    for a in arms:
+        rates.setdefault(a.recipe, set()).add(a.learning_rate)
+    metric = common_metric([r for a in arms for r in a.runs.values()])
+    lower = lower_is_better(metric) if metric else True
+
+    def mean_final(a: Arm) -> float:
+        xs = [v for v in (_final_value(r, metric) for r in a.runs.values()) if v is not None] if metric else []
+        return (sum(xs) / len(xs)) * (1 if lower else -1) if xs else math.inf
+
+    best = min(bases, key=mean_final)
+    pairs, warnings = [], []
+    for a in arms:
+        if a.recipe == base:
+            continue
+        partner = next((b for b in bases if b.learning_rate == a.learning_rate), best)
+        pairs.append((a, partner))
+        if partner.learning_rate != a.learning_rate and not (len(rates[a.recipe]) > 1 and len(rates[base]) > 1):
+            warnings.append(f"warning: {a.label} ran at learning rate {_rate(a.learning_rate)} and {partner.label} at "
+                            f"{_rate(partner.learning_rate)}, without a grid of rates for both: the difference may be "
+                            "the rates', not the recipes' (python -m hf_condinit.study --lr ... picks each arm's "
+                            "rate on a grid)")
+    return pairs, warnings
+
+
+def paired_rows(pairs: Sequence[tuple[Arm, Arm]], metric: str) -> list[dict]:
+    """One row per ``(arm, baseline)`` pair: ``arm``, ``baseline`` (labels), ``lr``, ``baseline_lr``, ``verdict``
+    (:func:`hf_condinit.stats.judge` of the paired differences of the final ``metric``, every row one family),
+    ``steps_to_baseline`` (mean over the arm's seeds of :func:`hf_condinit.stats.crossing_step` to the baseline's
+    mean final value, and ``reached`` of ``n``), ``flat`` (:func:`hf_condinit.stats.flat_curve` of the arm's eval
+    curves) and ``baseline_flat``."""
+    lower = lower_is_better(metric)
+
+    def side(arm: Arm) -> dict:
+        out = {}
+        for seed, run in arm.runs.items():
+            facts = training_facts(run)
+            out[seed] = dict(value=_final_value(run, metric), device=facts["device"], batches=facts["data"])
+        return out
+
+    def curves(arm: Arm) -> list:
+        return [list(zip(*r.eval_curve(metric))) for r in arm.runs.values()]
+
+    def flat(arm: Arm) -> dict:
+        steps = max((r.global_step or 0) for r in arm.runs.values())
+        return stats.flat_curve(curves(arm) if steps else [], steps or 1)
+
+    verdicts = stats.judge({i: stats.paired(side(a), side(b)) for i, (a, b) in enumerate(pairs)},
+                           higher_is_better=not lower)
+    rows = []
+    for i, (a, b) in enumerate(pairs):
+        finals = [v["value"] for v in side(b).values() if v["value"] is not None]
+        target = sum(finals) / len(finals) if finals else None
+        cross = [stats.crossing_step(c, target, lower) for c in curves(a)] if target is not None else []
+        reached = [c for c in cross if c is not None]
+        rows.append(dict(arm=a.label, baseline=b.label, lr=a.learning_rate, baseline_lr=b.learning_rate,
+                         metric=metric, verdict=verdicts[i], target=target,
+                         steps_to_baseline=sum(reached) / len(reached) if reached else None,
+                         reached=len(reached), n=len(cross), flat=flat(a), baseline_flat=flat(b)))
+    return rows
+
+
+def format_paired(rows: Sequence[dict], warnings: Sequence[str] = ()) -> str:
+    """The rows of :func:`paired_rows` as a Markdown table with its caption (the verdict rule, the baseline's eval
+    curve) and the warnings."""
+    metric = rows[0]["metric"]
+    flat_word = {True: "flat", False: "falling", None: "not known"}
+    lines = [f"| arm | lr | against | its lr | Δ final {metric}, mean [95 % interval] verdict | n pairs | steps to "
+             "baseline's final | eval curve |", "|---|---:|---|---:|---|---:|---:|---|"]
+    for r in rows:
+        steps = "—" if r["n"] == 0 else (f"{r['steps_to_baseline']:.0f} ({r['reached']} of {r['n']} seeds)"
+                                         if r["reached"] else f"not reached ({r['n']} seeds)")
+        lines.append("| " + " | ".join([r["arm"], _rate(r["lr"]), r["baseline"], _rate(r["baseline_lr"]),
+                                         stats.fmt(r["verdict"], 4), str(r["verdict"]["n"]), steps,
+                                         flat_word[r["flat"]["flat"]]]) + " |")
+    family = rows[0]["verdict"]["family_size"]
+    baselines = {}
+    for r in rows:
+        baselines.setdefault(r["baseline"], r["baseline_flat"])
+    lines += ["", stats.family_caption("this table's rows (every arm against the baseline)", family)]
+    for text in [*(stats.flat_sentence(f, who) for who, f in baselines.items()), *warnings]:
+        lines += ["", text]
+    return "\n".join(lines) + "\n"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hf-condinit-compare",
@@ -224,6 +407,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"folder for {TABLE_FILE}, {EVAL_FIGURE} and {KAPPA_FIGURE} (default: none, nothing written)")
     p.add_argument("--metric", help="evaluation metric to compare (default: each run's own: recall accuracy for the "
                                     "synthetic task, accuracy for classification, eval_loss for LM runs on text)")
+    p.add_argument("--baseline", help="recipe or arm label every other arm is paired with (default: the model's "
+                                      "default init, else the first run's recipe)")
     return p
 
 
@@ -261,11 +446,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--metric {args.metric}: not evaluated in {', '.join(missing)}")
         if args.out is not None:
             check_writable_folder(args.out, "--out")  # a file there, or no write permission: one line, exit 2
+        arms = group_runs(runs)
+        pairs, warnings = choose_baselines(arms, args.baseline)
     except ValueError as e:  # NotARunFolderError included
         print(f"hf-condinit-compare: error: {e}", file=sys.stderr)
         return 2
-    rows = compare_table(runs, args.metric)
+    rows = compare_table([a.item() for a in arms], args.metric)
     table = format_table(rows)
+    if pairs and rows[0]["metric"]:
+        table += "\n" + format_paired(paired_rows(pairs, rows[0]["metric"]), warnings)
     print(table)
     if args.out is None:
         return 0

@@ -1,0 +1,17 @@
+"""A fair A/B study on your own model and data, one command (issue 35): arms × seeds × each arm's own learning
+rate, every cell an ordinary run folder of the wrapped command, the paired verdict of :mod:`hf_condinit.stats`::
+
+    python -m hf_condinit.study --arms default conditioned --seeds 3 --lr 1e-3 3e-3 --out STUDY \\
+        -- run_clm.py --model_config gpt2-tiny --max_steps 200
+    python -m hf_condinit.study --out STUDY --report               # report.md / report.json from finished cells
+    python -m hf_condinit.study --out STUDY --slurm > study.sbatch   # one SLURM array task per slot, same plan
+
+Modules: :mod:`.recipes` (arms as recipes), :mod:`.plan` (``study.json``, cells, slots, the learning-rate grid),
+:mod:`.cells` (claims, running a cell, the worker loop), :mod:`.slurm` (the array script), :mod:`.report` (the
+report), :mod:`.cli` (the command line). docs/study.md walks through a study.
+"""
+
+from .plan import Cell, Plan, arm_rates, slots
+from .recipes import Recipe, parse_recipe
+
+__all__ = ["Cell", "Plan", "Recipe", "arm_rates", "parse_recipe", "slots"]
