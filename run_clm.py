@@ -62,7 +62,6 @@ from hf_condinit.data import (
     materialize,
     pack_datasets,
     split_sources,
-    streamed_splits,
     tokenize_datasets,
     train_bpe_tokenizer,
 )
@@ -461,12 +460,9 @@ def main(argv=None):
     with user_errors(training_args.output_dir):
         claim_output_dir(training_args)
         tokenizer, lm = prepare_data(model_args, data_args, training_args, spec, context, block_size)
-        if data_args.streaming:  # the validation blocks are read (and written to the cache) here
-            train_dataset, eval_dataset = streamed_splits(lm, training_args, data_args.max_train_samples,
-                                                          data_args.max_eval_samples, model_args.cache_dir)
-        else:
-            train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples,
-                                                        data_args.max_eval_samples)
+        train_dataset, eval_dataset = select_splits(lm, training_args, data_args.max_train_samples,
+                                                    data_args.max_eval_samples, data_args.streaming,
+                                                    model_args.cache_dir)
     if loaded and len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {loaded} only {config.vocab_size}; "
                          f"pass the model's own tokenizer (omit --tokenizer_name).")

@@ -47,7 +47,7 @@ from transformers import (
 )
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
-from hf_condinit.data.streaming import check_first_blocks, streamed_splits
+from hf_condinit.data.streaming import check_first_blocks
 from hf_condinit.data.text import load_raw_datasets, pack_datasets, split_sources, tokenize_datasets
 from hf_condinit.data.tokenizer import batch_iterator
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
@@ -253,12 +253,9 @@ def main(argv: list[str] | None = None):
     with user_errors(training_args.output_dir):
         claim_output_dir(training_args)
         tokenizer, lm_datasets = prepare_data(model_args, data_args, training_args)
-        if data_args.streaming:  # the validation blocks are read (and written to the cache) here
-            train_dataset, eval_dataset = streamed_splits(lm_datasets, training_args, data_args.max_train_samples,
-                                                          data_args.max_eval_samples, model_args.cache_dir)
-        else:
-            train_dataset, eval_dataset = select_splits(lm_datasets, training_args, data_args.max_train_samples,
-                                                        data_args.max_eval_samples)
+        train_dataset, eval_dataset = select_splits(lm_datasets, training_args, data_args.max_train_samples,
+                                                    data_args.max_eval_samples, data_args.streaming,
+                                                    model_args.cache_dir)
     model = build_model(model_args, cond_args, tokenizer, data_args, condinit, attention_given)
 
     data_collator = DataCollatorForLanguageModeling(

@@ -104,9 +104,16 @@ def claim_output_dir(training_args) -> None:
     run_lock.claim(training_args.output_dir)
 
 
-def select_splits(lm_datasets, training_args, max_train_samples: int | None = None, max_eval_samples: int | None = None):
+def select_splits(lm_datasets, training_args, max_train_samples: int | None = None, max_eval_samples: int | None = None,
+                  streaming: bool = False, cache_dir: str | None = None):
     """``(train_dataset, eval_dataset)`` for ``--do_train`` / ``--do_eval`` (``None`` when not requested), truncated to
-    ``--max_train_samples`` / ``--max_eval_samples``. Raises ``ValueError`` when evaluation has no data."""
+    ``--max_train_samples`` / ``--max_eval_samples``. Raises ``ValueError`` when evaluation has no data. With
+    ``streaming`` (``--streaming``): :func:`hf_condinit.data.streaming.streamed_splits` (the validation blocks are read,
+    and written to ``cache_dir``'s cache, here)."""
+    if streaming:
+        from ..data.streaming import streamed_splits
+
+        return streamed_splits(lm_datasets, training_args, max_train_samples, max_eval_samples, cache_dir)
     train_dataset = eval_dataset = None
     if training_args.do_train:
         train_dataset = lm_datasets["train"]
