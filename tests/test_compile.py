@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, GPT2Config
 
 import hf_condinit  # noqa: F401
 from hf_condinit.attention._common import COMPILE_MIN_TORCH, compile_refusal
+from utils import assert_matches_eager
 
 OLD_TORCH = torch.__version__ < COMPILE_MIN_TORCH
 BACKEND = os.environ.get("HF_CONDINIT_COMPILE_BACKEND", "aot_eager")
@@ -63,14 +64,7 @@ def test_fullgraph_compile_matches_eager_in_training_and_eval(case):
     for train in (True, False):
         model.train(train), eager.train(train)
         out, ref = compiled(ids).logits, eager(ids).logits
-        torch.testing.assert_close(out, ref, **TOL)
-        if train:
-            out.square().sum().backward()
-            ref.square().sum().backward()
-            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m, name=name: f"{name}: {m}")
-        for (name, b), c in zip(model.named_buffers(), eager.buffers()):  # α_ma updated once, like eager
-            torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
+        assert_matches_eager(model, eager, out, ref, TOL, backward=train)  # α_ma updated once, like eager
 
 
 def _assert_refused(model, ids, refusal: str) -> None:

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 import hf_condinit  # noqa: F401
 from hf_condinit.attention._common import ATTENTIONS_KWARG, compile_refusal
 from hf_condinit.attention.reference import randomise_holders
-from utils import mini_config
+from utils import assert_matches_eager, mini_config
 
 FAMILIES = {  # model_type -> (Auto class, path of the block list, no-dropout overrides)
     "gpt2": (AutoModelForCausalLM, "transformer.h", dict(attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)),
@@ -101,14 +101,7 @@ def test_block_compiles_as_one_graph_with_eager_outputs_and_gradients(family, va
     inputs = batch(model.config, padded)
     with torch.set_grad_enabled(training):  # eval as the Trainer evaluates: without gradients
         out, ref = model(**inputs).logits, eager(**inputs).logits
-    torch.testing.assert_close(out, ref, **TOL)
-    if training:
-        out.square().sum().backward()
-        ref.square().sum().backward()
-        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m, name=name: f"{name}: {m}")
-    for (name, b), c in zip(model.named_buffers(), eager.buffers()):  # α_ma updated once (training), like eager
-        torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
+    assert_matches_eager(model, eager, out, ref, TOL, backward=training)  # α_ma updated once (training), like eager
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1
 

@@ -60,6 +60,20 @@ def checkpoint_write_order(folder) -> list[str]:
     return sorted(files, key=lambda rel: (rel == MANIFEST_NAME, os.stat(os.path.join(folder, rel)).st_mtime_ns))
 
 
+def assert_matches_eager(model, eager, out, ref, tol: dict, backward: bool) -> None:
+    """A compiled ``model`` against its ``eager`` copy after one forward each: the outputs ``out`` / ``ref`` within
+    ``tol``; with ``backward``, the gradients of ``out.square().sum()`` within ``tol``, parameter by parameter; the
+    buffers (α_ma included) bit-equal."""
+    torch.testing.assert_close(out, ref, **tol)
+    if backward:
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m, name=name: f"{name}: {m}")
+    for (name, b), c in zip(model.named_buffers(), eager.buffers()):
+        torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
+
+
 def copy_files(src, dst, files) -> None:
     """Copy ``files`` (paths relative to ``src``) into ``dst``, creating folders."""
     import os
