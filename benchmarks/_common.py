@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from hf_condinit.stats import crossing_step  # noqa: E402,F401  (steps to reach: the library's rule, issue 35)
+from hf_condinit.study.files import claimed, is_claimed, write_json  # noqa: E402,F401  (claims, records: issue 35)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data"))
@@ -787,73 +787,32 @@ def fail(message: str):
     raise SystemExit(2)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def claim(path: str) -> bool:
-    """Create ``path + '.lock'`` atomically; reclaim a lock whose process is gone."""
-    lock = path + ".lock"
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-            return True
-        except FileExistsError:
-            try:
-                pid = int(open(lock).read().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _pid_alive(pid):
-                return False
-            try:
-                os.remove(lock)
-            except FileNotFoundError:
-                pass
-    return False
-
-
-def finished(path: str, spec) -> bool:
-    """Whether the record ``path`` exists and was made with ``spec`` (same ``key()``)."""
-    if not os.path.exists(path):
-        return False
+def finished_record(path: str, spec) -> Optional[dict]:
+    """The record ``path`` when it exists and was made with ``spec`` (same ``key()``), else None."""
     try:
         with open(path) as f:
             rec = json.load(f)
     except (OSError, json.JSONDecodeError):
-        return False
-    if rec.get("key") != spec.key():
-        print(f"[compare] {path} was made with other settings; it will be redone", file=sys.stderr)
-        return False
-    return True
+        return None
+    return rec if rec.get("key") == spec.key() else None
+
+
+def claimed_elsewhere(path: str) -> bool:
+    """Whether a live worker holds the run recorded in ``path`` (its claim: ``path + ".lock"``)."""
+    return is_claimed(path + ".lock")
 
 
 @contextlib.contextmanager
 def run_slot(path: str, spec):
     """This worker's turn at the run recorded in ``path``: yields ``"finished"`` (a record made with ``spec`` exists),
-    ``"locked"`` (another live worker holds it) or ``"claimed"``; a claim's lock file is removed when the block
-    ends, whether the run succeeded or not."""
-    if finished(path, spec):
+    ``"locked"`` (another live worker holds its claim) or ``"claimed"`` (this worker holds it for the block). The
+    claim is the library's (:func:`hf_condinit.study.files.claimed` on ``path + ".lock"``): an ``flock`` that the
+    kernel drops with its process, so a lock file left by a dead worker is free."""
+    if finished_record(path, spec):
         yield "finished"
         return
-    if not claim(path):
-        yield "locked"
-        return
-    try:
-        yield "claimed"
-    finally:
-        try:
-            os.remove(path + ".lock")
-        except FileNotFoundError:
-            pass
+    with claimed(path + ".lock") as fd:
+        yield "locked" if fd is None else "finished" if finished_record(path, spec) else "claimed"
 
 
 def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_info: dict, paths,
@@ -874,6 +833,8 @@ def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_i
                 skipped_locked.append(path)
                 continue
             if slot == "claimed":
+                if os.path.exists(path):
+                    print(f"[compare] {path} was made with other settings; redoing it", file=sys.stderr)
                 bar.set_postfix_str(f"{spec.setting}/{spec.extra.get('label', spec.arm)}/seed{spec.seed}")
                 cpu0 = time.process_time()
                 rec = train_run(spec, data, run_dir, eval_sets, blimp_dir)
@@ -886,14 +847,6 @@ def execute_runs(runs: list, todo: list, data: "LMData", eval_sets: dict, eval_i
         bar.update(1)
     bar.close()
     return skipped_locked
-
-
-def write_json(path: str, obj: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=float)
-    os.replace(tmp, path)
 
 
 def device_name(model) -> str:

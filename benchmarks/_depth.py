@@ -62,6 +62,8 @@ import _scale as S
 import _verdict as V
 from _common import fail
 
+from hf_condinit.study.plan import choose_rate, ladder_extension
+
 
 @dataclass(frozen=True)
 class DepthPlan:
@@ -135,43 +137,20 @@ def record_metric(rec: dict, eval_name: str | None) -> float:
     return loss if loss is not None and math.isfinite(loss) else math.inf
 
 
-def _finished_record(out: str, spec: C.TrainSpec) -> dict | None:
-    path = S.record_paths(out, spec)[0]
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
-    return rec if rec.get("key") == spec.key() else None
-
-
 def grid_state(out: str, p: DepthPlan, eval_name: str | None, depth: int | None = None) -> dict:
-    """The grid at ``grid_depth`` (``depth`` None) or the own grid at ``depth`` (:func:`grid_spec`). Per arm:
-    ``lrs`` (the rates its grid needs, ascending: ``grid_lrs`` plus the half-decades added beyond a best
-    rate at the edge), ``loss`` (lr -> compared loss of the finished grid runs) and ``best`` (the rate of the lowest
-    loss once every rate of ``lrs`` is finished, else None); ``at_ladder_end`` when the best is at an edge that
-    the ladder cannot extend."""
+    """The grid at ``grid_depth`` (``depth`` None) or the own grid at ``depth`` (:func:`grid_spec`): per arm,
+    :func:`hf_condinit.study.plan.choose_rate` of ``grid_lrs`` (the library's one grid rule) with the compared loss
+    of each finished grid run (:func:`record_metric`: a diverged run is worse than any other), extended along
+    ``ladder`` (:func:`hf_condinit.study.plan.ladder_extension`): ``tried`` (the rates the grid needs, ascending),
+    ``values`` (lr -> loss, None while unfinished), ``best`` (None while undecided, or when every rate diverged),
+    ``decided``, ``at_edge`` (the best is at an end of the ladder)."""
     state = {}
     for label in p.arms:
-        lrs = list(p.grid_lrs)
-        while True:
-            loss = {}
-            for lr in lrs:
-                rec = _finished_record(out, grid_spec(p, label, lr, depth))
-                if rec is not None:
-                    loss[lr] = record_metric(rec, eval_name)
-            best = min(loss, key=loss.get) if len(loss) == len(lrs) else None
-            i = None if best is None else p.ladder.index(best)
-            if best is not None and best == lrs[0] and i > 0:
-                lrs.insert(0, p.ladder[i - 1])
-            elif best is not None and best == lrs[-1] and i < len(p.ladder) - 1:
-                lrs.append(p.ladder[i + 1])
-            else:
-                break
-        state[label] = dict(lrs=lrs, loss=loss, best=best,
-                            at_ladder_end=best is not None and best in (p.ladder[0], p.ladder[-1]))
+        def loss(lr, label=label):
+            rec = S.record_of(out, grid_spec(p, label, lr, depth))
+            return None if rec is None else record_metric(rec, eval_name)
+
+        state[label] = choose_rate(p.grid_lrs, loss, ladder_extension(p.ladder))
     return state
 
 
@@ -193,8 +172,8 @@ def plan(p: DepthPlan, state: dict, placeholder: bool = False, states: dict | No
     same-rate checks (:func:`rate_check_lrs`). ``placeholder``: also the undecided arms' depth runs, at
     ``shared_lr`` (for the cost estimate only; the rate does not change the cost)."""
     states = states or {}
-    runs = [grid_spec(p, a, lr) for a in p.arms for lr in state[a]["lrs"]]
-    runs += [grid_spec(p, a, lr, d) for d, st in states.items() for a in p.arms for lr in st[a]["lrs"]]
+    runs = [grid_spec(p, a, lr) for a in p.arms for lr in state[a]["tried"]]
+    runs += [grid_spec(p, a, lr, d) for d, st in states.items() for a in p.arms for lr in st[a]["tried"]]
     for seed in range(max(p.seeds)):
         for depth, n_seeds in zip(p.depths, p.seeds):
             if seed >= n_seeds:
@@ -272,7 +251,7 @@ def estimate_lines(p: DepthPlan, out: str, runs: list, done: list, costs: dict, 
             cost = sum(S.run_cpu_estimate(r, costs["sizes"][name], eval_tokens) for r in extra)
             lines.append(f"[depth] not in the plan: {name} ({len(extra)} runs) would add {cost / 3600:.2f} core-h "
                          f"({cost / 7200:.2f} h on 2 cores)")
-    recs = [(r, _finished_record(out, r)) for r in done]
+    recs = [(r, S.record_of(out, r)) for r in done]
     recs = [(r, x) for r, x in recs if x and "cpu_seconds" in x]
     if recs:
         ratio = sum(x["cpu_seconds"] for _, x in recs) / sum(est(r) for r, _ in recs)
@@ -337,9 +316,9 @@ def add_shared_seeds(runs: dict, shared: dict) -> int:
     return added
 
 
-def _ms(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return S._ms(xs) if xs else (None, None)
+def _loss_by_lr(grid: dict) -> dict:
+    """"lr" -> loss of a :func:`grid_state` arm's finished grid runs, ascending."""
+    return {f"{lr:g}": v for lr, v in grid["values"].items() if v is not None}
 
 
 def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -> dict:
@@ -347,14 +326,14 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
     and BLiMP), steps to default's final loss, κ per layer; the LR grid; the shared-rate comparisons."""
     best = {a: state[a]["best"] for a in p.arms}
     res: dict = dict(best_lr={a: b for a, b in best.items()}, depths={}, grid={}, shared_rate={},
-                     own_grid={d: {a: dict(loss_by_lr={f"{lr:g}": v for lr, v in sorted(st[a]["loss"].items())},
-                                           best_lr=st[a]["best"], tried=[f"{x:g}" for x in st[a]["lrs"]])
+                     own_grid={d: {a: dict(loss_by_lr=_loss_by_lr(st[a]), best_lr=st[a]["best"],
+                                           decided=st[a]["decided"], tried=[f"{x:g}" for x in st[a]["tried"]])
                                    for a in p.arms} for d, st in (states or {}).items()})
     for depth in p.depths:
         rates = best_rates(p, state, states, depth)
         cells = {a: runs.get((depth, p.main_tpp, rates[a]), {}).get(a, {}) for a in p.arms if rates[a] is not None}
         dflt = cells.get("default", {})
-        target = _ms(r["eval_curve"][-1][1] for r in dflt.values())[0] if dflt else None
+        target = V.mean_std(r["eval_curve"][-1][1] for r in dflt.values())[0] if dflt else None
         row = {}
         for a, seeds in cells.items():
             if not seeds:
@@ -375,8 +354,9 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
                 tokens_seen=next(iter(seeds.values()))["tokens_seen"],
                 devices=sorted({S._device_word(r["device"]) for r in seeds.values()}),
                 from_scale_sweep=sorted(s for s, r in seeds.items() if r["source"] == p.shared_from),
-                gap_loss=g_loss_d, gap_loss_ms=_ms(g_loss), gap_blimp=g_blimp_d, gap_blimp_ms=_ms(g_blimp),
-                steps_to_default_final=cross, steps_to_default_final_mean=_ms(reached)[0], n_reached=len(reached),
+                gap_loss=g_loss_d, gap_loss_ms=V.mean_std(g_loss), gap_blimp=g_blimp_d,
+                gap_blimp_ms=V.mean_std(g_blimp), steps_to_default_final=cross,
+                steps_to_default_final_mean=V.mean_std(reached)[0], n_reached=len(reached),
                 eval_curves=[r["eval_curve"] for r in seeds.values()],
                 kappa_init_layers=[statistics.fmean(x) for x in zip(*k0)] if k0 else None,
                 kappa_end_layers=[statistics.fmean(x) for x in zip(*k1)] if k1 else None)
@@ -389,18 +369,19 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
             res["depths"][d][a][f"{what}_verdict"] = v
     res["same_rate"] = same_rate_check(runs, p, best)
     for a in p.arms:
-        res["grid"][a] = dict(loss_by_lr={f"{lr:g}": v for lr, v in sorted(state[a]["loss"].items())},
+        g = state[a]
+        res["grid"][a] = dict(loss_by_lr=_loss_by_lr(g),
                               blimp_by_lr={f"{lr:g}": runs.get((p.grid_depth, p.grid_tpp, lr), {}).get(a, {})
-                                           .get(0, {}).get("blimp") for lr in sorted(state[a]["loss"])},
-                              best_lr=best[a], tried=[f"{x:g}" for x in state[a]["lrs"]],
-                              extended=len(state[a]["lrs"]) > len(p.grid_lrs), at_ladder_end=state[a]["at_ladder_end"])
+                                           .get(0, {}).get("blimp") for lr, v in g["values"].items() if v is not None},
+                              best_lr=best[a], decided=g["decided"], tried=[f"{x:g}" for x in g["tried"]],
+                              extended=bool(g["extensions"]), at_ladder_end=g["at_edge"])
     # shared rate beside own rate: the grid (depth grid_depth, seed 0, grid_tpp)
-    d_own = state["default"]["loss"].get(best["default"]) if best["default"] else None
-    d_sh = state["default"]["loss"].get(p.shared_lr)
+    d_own = state["default"]["values"].get(best["default"]) if best["default"] else None
+    d_sh = state["default"]["values"].get(p.shared_lr)
     for a in p.arms:
         if a == "default":
             continue
-        own, sh = state[a]["loss"].get(best[a]) if best[a] else None, state[a]["loss"].get(p.shared_lr)
+        own, sh = state[a]["values"].get(best[a]) if best[a] else None, state[a]["values"].get(p.shared_lr)
         res["shared_rate"].setdefault(f"{p.grid_depth}x{p.width}, {p.grid_tpp:g} tok/param (grid, seed 0)", {})[a] = dict(
             shared=None if sh is None or d_sh is None else sh - d_sh,
             own=None if own is None or d_own is None else own - d_own)
@@ -425,7 +406,7 @@ def same_rate_check(runs: dict, p: DepthPlan, best: dict) -> dict:
         out[a] = dict(depth=depth, lr=best[a], default_lr=best["default"], seeds=sorted(gaps),
                       default_loss={s: dflt[s]["loss"] for s in gaps},
                       default_own_rate_loss={s: own[s]["loss"] for s in sorted(own)},
-                      gap_loss=gaps, gap_loss_ms=_ms(gaps.values()))
+                      gap_loss=gaps, gap_loss_ms=V.mean_std(gaps.values()))
     verdicts = V.judge({a: r["gap_loss"] for a, r in out.items()})  # the same-rate table: its own family
     for a, v in verdicts.items():
         out[a]["verdict"] = v
@@ -443,19 +424,16 @@ def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> di
     out: dict = {}
     lr_cells = {k[2]: v for k, v in cells.items() if k[0] == name and k[1] == p.grid_tpp}
     if lr_cells:
-        means = {}
-        for a in p.arms:
-            common = set.intersection(*(set(c.get(a, {})) for c in lr_cells.values()))
-            means[a] = {lr: statistics.fmean(c[a][s]["loss"] for s in common) for lr, c in lr_cells.items() if common}
+        sweep = S.lr_sweep(lr_cells, p.arms)
         key = f"2x{p.width}, {p.grid_tpp:g} tok/param (scale sweep; shared: every seed, own: seeds of every rate)"
         for a in p.arms:
-            if a == "default" or not means.get(a) or not means.get("default"):
+            if a == "default" or a not in sweep or "default" not in sweep:
                 continue
-            ba, bd = min(means[a], key=means[a].get), min(means["default"], key=means["default"].get)
+            ba, bd = sweep[a]["best"], sweep["default"]["best"]
             sh = S.paired_gaps(lr_cells.get(p.shared_lr, {}), a).values()
-            own_g = [lr_cells[ba][a][s]["loss"] - lr_cells[bd]["default"][s]["loss"]
-                     for s in sorted(set(lr_cells[ba][a]) & set(lr_cells[bd]["default"]))]
-            out.setdefault(key, {})[a] = dict(shared=_ms(sh)[0], own=_ms(own_g)[0], own_lr=ba, default_lr=bd)
+            own_g = S.paired_gaps(lr_cells[ba], a, default=lr_cells[bd].get("default", {})).values()
+            out.setdefault(key, {})[a] = dict(shared=V.mean_std(sh)[0], own=V.mean_std(own_g)[0], own_lr=ba,
+                                              default_lr=bd)
     main = cells.get((name, p.main_tpp, p.shared_lr))
     if main:
         key = f"2x{p.width}, {p.main_tpp:g} tok/param (shared: scale sweep, seeds 0-2; own: this sweep)"
@@ -463,7 +441,8 @@ def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> di
             if a == "default":
                 continue
             g = list(S.paired_gaps(main, a).values())
-            out.setdefault(key, {})[a] = dict(shared=_ms(g)[0], own=(own.get(a) or {}).get("gap_loss_ms", (None,))[0])
+            out.setdefault(key, {})[a] = dict(shared=V.mean_std(g)[0],
+                                              own=(own.get(a) or {}).get("gap_loss_ms", (None,))[0])
     return out
 
 
@@ -474,6 +453,13 @@ def _k(x):
 
 def _pts(x, sign=False):
     return "–" if x is None else (f"{100 * x:+.2f}" if sign else f"{100 * x:.2f}")
+
+
+def _best_text(g: dict) -> str:
+    """A grid's best rate in a table (``g``: an arm of ``results["grid"]`` or ``results["own_grid"][depth]``)."""
+    if g["best_lr"] is not None:
+        return f"{g['best_lr']:g}"
+    return "none: every rate diverged" if g.get("decided") else "not decided (grid unfinished)"
 
 
 def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_planned: int, cpu: float) -> str:
@@ -493,8 +479,7 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
             v = g["loss_by_lr"].get(f"{x:g}")
             b = g["blimp_by_lr"].get(f"{x:g}")
             cells.append("–" if v is None else f"{f(v)}" + (f" ({_pts(b)})" if b is not None else ""))
-        best = ("not decided (grid unfinished)" if g["best_lr"] is None else f"{g['best_lr']:g}"
-                + (" (edge of the ladder)" if g["at_ladder_end"] else "")
+        best = (_best_text(g) + (" (edge of the ladder)" if g["at_ladder_end"] else "")
                 + (" (grid extended)" if g["extended"] else ""))
         lines.append(f"| {a} | " + " | ".join(cells) + f" | {best} |")
     lines.append("")
@@ -515,7 +500,7 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
         lines.append("|---|" + "---|" * (len(lrs) + 1))
         for a, g in grid.items():
             lines.append(f"| {a} | " + " | ".join(f(g["loss_by_lr"].get(f"{x:g}")) for x in lrs) + " | "
-                         + ("not decided (grid unfinished)" if g["best_lr"] is None else f"{g['best_lr']:g}") + " |")
+                         + _best_text(g) + " |")
         lines.append("")
     unsure = [d for d in p.depths if d != p.grid_depth and d not in res.get("own_grid", {})]
     lines.append(f"Across depth (width {p.width}, head dim {p.width // p.n_head}, {p.main_tpp:g} tokens per "
@@ -618,14 +603,14 @@ def plots(res: dict, p: DepthPlan, out: str) -> list[str]:
                     continue
                 dx = depth * (1 + 0.03 * (i - len(arms) / 2))
                 ax.plot([dx] * len(vals), [scale * v for v in vals], ".", color=f"C{i}", alpha=0.5)
-                m, s = _ms(vals)
+                m, s = V.mean_std(vals)
                 xs.append(dx), ms.append(scale * m), ss.append(scale * s)
             if xs:
                 ax.errorbar(xs, ms, yerr=ss, fmt="o-", color=f"C{i}", capsize=3, label=a)
             same = res.get("same_rate", {}).get(a)
             if key == "gap_loss" and same and same["gap_loss"]:
                 vals = list(same["gap_loss"].values())
-                m, s = _ms(vals)
+                m, s = V.mean_std(vals)
                 dx = same["depth"] * (1 + 0.03 * (i - len(arms) / 2 + 0.5))
                 ax.errorbar([dx], [m], yerr=[s], fmt="o", mfc="white", color=f"C{i}", capsize=3,
                             label=f"{a} vs default, both at lr {same['lr']:g}")
@@ -734,15 +719,6 @@ def report(out: str, p: DepthPlan, eval_name: str | None, copy_plots: str | None
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _locked(path: str) -> bool:
-    """Whether a live worker holds the run recorded in ``path``."""
-    try:
-        pid = int(open(path + ".lock").read().strip() or 0)
-    except (OSError, ValueError):
-        return False
-    return bool(pid) and C._pid_alive(pid)
-
-
 def run(args) -> dict:
     """``compare.py --depth-sweep`` (after ``_scale.check_fixed`` and compare.py's checks): estimate, then train
     what is decided and unfinished, re-planning after every pass (the grid decides each arm's rate), report."""
@@ -768,7 +744,7 @@ def run(args) -> dict:
     data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
     full = plan(p, state, placeholder=True, states=own_grid_states(out, p, eval_name))
-    done = [r for r in full if _finished_record(out, r) is not None]
+    done = [r for r in full if S.record_of(out, r) is not None]
     costs = S.load_costs(out, p, p.sizes + list(p.dropped))
     for line in estimate_lines(p, out, full, done, costs, sum(i["evaluated_tokens"] for i in eval_info.values()),
                                blimp_tokens(data.tokenizer, blimp)):
@@ -780,22 +756,22 @@ def run(args) -> dict:
         state = grid_state(out, p, eval_name)
         states = own_grid_states(out, p, eval_name)
         runs = plan(p, state, states=states)
-        C.add_missing_blimp([paths(r) for r in runs if _finished_record(out, r) is not None], data.tokenizer, blimp,
+        C.add_missing_blimp([paths(r) for r in runs if S.record_of(out, r) is not None], data.tokenizer, blimp,
                             "depth", data)
-        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and _finished_record(out, r) is None
-                and not _locked(paths(r)[0])]
+        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and S.record_of(out, r) is None
+                and not C.claimed_elsewhere(paths(r)[0])]
         if todo:
             C.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
             continue
-        undecided = [a for a in p.arms if state[a]["best"] is None] + [
-            f"{a} at depth {d}" for d, st in states.items() for a in p.arms if st[a]["best"] is None]
-        if not undecided or not any(_locked(paths(r)[0]) for r in runs):
+        undecided = [a for a in p.arms if not state[a]["decided"]] + [
+            f"{a} at depth {d}" for d, st in states.items() for a in p.arms if not st[a]["decided"]]
+        if not undecided or not any(C.claimed_elsewhere(paths(r)[0]) for r in runs):
             break
         print(f"[depth] waiting for another worker's grid runs ({', '.join(undecided)}); polling every "
               f"{POLL_SECONDS} s", file=sys.stderr)
         time.sleep(POLL_SECONDS)
     left = [r for r in plan(p, grid_state(out, p, eval_name), states=own_grid_states(out, p, eval_name))
-            if _finished_record(out, r) is None]
+            if S.record_of(out, r) is None]
     if left:
         print(f"[depth] {len(left)} runs are left to other workers (or other --depths); run --report-only when they "
               "are finished", file=sys.stderr)

@@ -55,6 +55,8 @@ import _common as C
 import _verdict as V
 from _common import fail
 
+from hf_condinit.study.plan import choose_rate
+
 WIKI_VALID = os.path.join(C.SHARED_DATA, "wikitext", "wikitext-2-raw", "wiki.valid.raw")
 
 # arm label -> (harness arm of _common.ARMS, conditioned-init overrides)
@@ -149,6 +151,11 @@ def record_paths(out: str, spec: C.TrainSpec) -> tuple[str, str]:
     label = spec.extra["label"]
     return (os.path.join(out, "runs", spec.setting, label, f"seed{spec.seed}.json"),
             os.path.join(out, "trainer", spec.setting, label, f"seed{spec.seed}"))
+
+
+def record_of(out: str, spec: C.TrainSpec) -> dict | None:
+    """The finished record of ``spec`` under ``out`` (:func:`_common.finished_record`), or None."""
+    return C.finished_record(record_paths(out, spec)[0], spec)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -369,17 +376,27 @@ def _device_word(device: str | None) -> str:
     return "CPU" if device == "cpu" else device.replace("cuda: NVIDIA ", "")
 
 
-def _ms(xs):
-    xs = list(xs)
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def _f(x, nd=3, sign=False):
     if x is None:
         return "–"
     return f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+
+
+def lr_sweep(lr_cells: dict, arms) -> dict:
+    """The LR sweep's best rate per arm: ``lr_cells`` = lr -> label -> seed -> summary (:func:`load_cells`). Per arm
+    with runs: ``means`` (lr -> mean loss over ``seeds``, the seeds every rate of the arm has: the shared rate has
+    more), and :func:`hf_condinit.study.plan.choose_rate` of them (the rates run so far, a fixed grid: ``best``,
+    ``at_edge``). An arm whose every rate diverged has no best and is left out."""
+    out = {}
+    for a in arms:
+        runs = [c[a] for c in lr_cells.values() if c.get(a)]
+        common = set.intersection(*(set(r) for r in runs)) if runs else set()
+        means = {lr: statistics.fmean(c[a][s]["loss"] for s in common) for lr, c in lr_cells.items()
+                 if c.get(a) and common}
+        grid = choose_rate(means, means.get)
+        if grid["best"] is not None:
+            out[a] = dict(means=means, seeds=sorted(common), best=grid["best"], at_edge=grid["at_edge"])
+    return out
 
 
 def analyse(cells: dict, p: ScalePlan) -> dict:
@@ -409,23 +426,17 @@ def analyse(cells: dict, p: ScalePlan) -> dict:
         res["length_trend"][a] = dict(fit=lfit, verdict=trend_verdict(lfit, "gap vs tokens per parameter"))
     lr_cells = {k[2]: v for k, v in cells.items() if k[0] == mid and k[1] == p.lr_tpp}
     best = {}
-    for a in p.arms:
-        # the mean over the seeds that every learning rate of the arm has (the shared LR has more seeds)
-        runs = [c[a] for c in lr_cells.values() if c.get(a)]
-        common = set.intersection(*(set(r) for r in runs)) if runs else set()
-        means = {lr: _ms(c[a][s]["loss"] for s in common)[0] for lr, c in lr_cells.items() if c.get(a) and common}
-        if means:
-            lr = min(means, key=means.get)
-            best[a] = lr
-            res["lr"][a] = dict(mean_loss_by_lr={f"{k:g}": v for k, v in sorted(means.items())}, best_lr=lr,
-                                best_at_grid_edge=lr in (min(p.lrs), max(p.lrs)) and len(means) == len(p.lrs),
-                                mean_seeds=sorted(common))
+    for a, g in lr_sweep(lr_cells, p.arms).items():
+        best[a] = g["best"]
+        res["lr"][a] = dict(mean_loss_by_lr={f"{k:g}": v for k, v in sorted(g["means"].items())}, best_lr=best[a],
+                            best_at_grid_edge=g["at_edge"] and len(g["means"]) == len(p.lrs), mean_seeds=g["seeds"])
     for a in arms:
         if a in best and "default" in best:
             own = paired_gaps(lr_cells[best[a]], a, default=lr_cells[best["default"]].get("default", {}))
             shared = paired_gaps(lr_cells.get(p.shared_lr, {}), a)
-            res["lr"][a].update(gap_at_own_best_lr=_ms(own.values()), gap_at_shared_lr=_ms(shared.values()),
-                                gaps_at_own_best_lr=own, gaps_at_shared_lr=shared)
+            res["lr"][a].update(gap_at_own_best_lr=V.mean_std(own.values()),
+                                gap_at_shared_lr=V.mean_std(shared.values()), gaps_at_own_best_lr=own,
+                                gaps_at_shared_lr=shared)
     res["n_sizes"] = n_sizes
     return res
 
@@ -447,7 +458,7 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
             c = cells[k]
             for a in [x for x in p.arms if x in c]:
                 runs = c[a]
-                ppl_m, ppl_s = _ms(r["ppl"] for r in runs.values())
+                ppl_m, ppl_s = V.mean_std(r["ppl"] for r in runs.values())
                 r0 = next(iter(runs.values()))
                 devices = ", ".join(sorted({_device_word(r.get("device")) for r in runs.values()}))
                 lines.append(f"| {k[0]} | {r0['n_all']:,} ({r0['n']:,}) | {r0['tokens_seen'] / r0['n_all']:.2f} "
@@ -535,7 +546,7 @@ def plots(cells: dict, res: dict, p: ScalePlan, out: str) -> list[str]:
                 g = list(paired_gaps(c, a).values())
                 if select(k) and g:
                     x = next(iter(c["default"].values()))["n"] if key == "size_trend" else k[1]
-                    pts.append((x, *_ms(g)))
+                    pts.append((x, *V.mean_std(g)))
             if not pts:
                 continue
             pts.sort()
@@ -662,7 +673,7 @@ def run(args) -> dict:
     if args.report_only:
         return report(out, p, eval_name if args.eval_file else None, args.copy_plots)
     runs = plan(p)
-    todo = [r for r in runs if not C.finished(record_paths(out, r)[0], r)]
+    todo = [r for r in runs if record_of(out, r) is None]
     blimp = C.blimp_dir_for(args, "scale")
     data, eval_sets, eval_info = prepare_sweep(args, p, out, eval_files, "--scale-sweep")
     eval_tokens = sum(i["evaluated_tokens"] for i in eval_info.values())

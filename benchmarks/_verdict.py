@@ -9,10 +9,11 @@ from __future__ import annotations
 import functools
 
 from hf_condinit import stats
-from hf_condinit.stats import ALPHA, LEVEL, NA, crossing_step, entry, flat_curve, fmt, holm, interval, judge, paired
+from hf_condinit.stats import (ALPHA, LEVEL, NA, crossing_step, entry, flat_curve, fmt, holm, interval, judge,
+                               mean_std, paired)
 
 __all__ = ["ALPHA", "LEVEL", "NA", "SOURCE", "crossing_step", "entry", "family_caption", "flat_curve",
-           "flat_sentence", "fmt", "holm", "interval", "judge", "paired"]
+           "flat_sentence", "fmt", "holm", "interval", "judge", "mean_std", "paired"]
 
 SOURCE = "benchmarks/_verdict.py"
 flat_sentence = functools.partial(stats.flat_sentence, source=SOURCE)

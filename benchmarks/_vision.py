@@ -40,7 +40,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -352,13 +351,6 @@ def run_path(out: str, spec: VisionSpec) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _mean_std(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def crossing_step(curve: list[dict], target: float) -> float | None:
     """First step at which the accuracy curve reaches ``target`` (linear interpolation between points); None if
     never."""
@@ -372,7 +364,7 @@ def aggregate(recs: list[dict]) -> dict:
     for r in recs:
         by_arm.setdefault(r["arm"], {})[r["seed"]] = r
     default = by_arm.get("default", {})
-    target = _mean_std([r["curve"][-1]["accuracy"] for r in default.values()])[0]
+    target = V.mean_std([r["curve"][-1]["accuracy"] for r in default.values()])[0]
     out = {}
     for arm in [a for a in ARMS if a in by_arm]:
         runs = by_arm[arm]
@@ -384,25 +376,25 @@ def aggregate(recs: list[dict]) -> dict:
         steps_to = [crossing_step(runs[s]["curve"], target) if target is not None else None for s in seeds]
         first = runs[seeds[0]]
         steps = sorted({p["step"] for s in seeds for p in runs[s]["curve"]})
-        mean_curve = [dict(step=st, accuracy=_mean_std([p["accuracy"] for s in seeds for p in runs[s]["curve"]
-                                                        if p["step"] == st])[0],
-                           loss=_mean_std([p["loss"] for s in seeds for p in runs[s]["curve"] if p["step"] == st])[0])
+        mean_curve = [dict(step=st, accuracy=V.mean_std([p["accuracy"] for s in seeds for p in runs[s]["curve"]
+                                                          if p["step"] == st])[0],
+                           loss=V.mean_std([p["loss"] for s in seeds for p in runs[s]["curve"] if p["step"] == st])[0])
                       for st in steps]
         tsteps = sorted({p["step"] for s in seeds for p in runs[s]["train_curve"]})
-        train_curve = [dict(step=st, loss=_mean_std([p["loss"] for s in seeds for p in runs[s]["train_curve"]
-                                                     if p["step"] == st])[0]) for st in tsteps]
+        train_curve = [dict(step=st, loss=V.mean_std([p["loss"] for s in seeds for p in runs[s]["train_curve"]
+                                                       if p["step"] == st])[0]) for st in tsteps]
         kinit = next((runs[s]["kappa_init"] for s in seeds if runs[s].get("kappa_init")), None)
         kend = next((runs[s]["kappa_end"] for s in seeds if runs[s].get("kappa_end")), None)
         out[arm] = dict(
-            seeds=seeds, test_accuracy=acc, acc_mean=_mean_std(acc)[0], acc_std=_mean_std(acc)[1],
-            test_loss=loss, loss_mean=_mean_std(loss)[0], loss_std=_mean_std(loss)[1],
-            paired_delta=paired, delta_mean=_mean_std(paired.values())[0],
-            delta_std=_mean_std(paired.values())[1], devices=sorted({runs[s].get("device") or "?" for s in seeds}),
+            seeds=seeds, test_accuracy=acc, acc_mean=V.mean_std(acc)[0], acc_std=V.mean_std(acc)[1],
+            test_loss=loss, loss_mean=V.mean_std(loss)[0], loss_std=V.mean_std(loss)[1],
+            paired_delta=paired, delta_mean=V.mean_std(paired.values())[0],
+            delta_std=V.mean_std(paired.values())[1], devices=sorted({runs[s].get("device") or "?" for s in seeds}),
             steps_to_default_final=steps_to, default_final_curve_accuracy=target,
-            run_steps=first["spec"]["steps"], initial_curve_loss=_mean_std([runs[s]["curve"][0]["loss"]
-                                                                             for s in seeds])[0],
+            run_steps=first["spec"]["steps"], initial_curve_loss=V.mean_std([runs[s]["curve"][0]["loss"]
+                                                                               for s in seeds])[0],
             kappa_init=kinit, kappa_end=kend, step0=first["step0"], curve=mean_curve, train_curve=train_curve,
-            images_per_second=_mean_std([runs[s]["train_images_per_second"] for s in seeds])[0],
+            images_per_second=V.mean_std([runs[s]["train_images_per_second"] for s in seeds])[0],
         )
     return out
 
@@ -576,7 +568,7 @@ def main(argv=None) -> dict:
         if spec.n_train and spec.n_train not in train_files:
             train_files[spec.n_train] = balanced_subset(
                 args.train_file, spec.n_train, os.path.join(data_dir, f"train_balanced{spec.n_train}.parquet"))
-    todo = [s for s in specs if not C.finished(run_path(out, s), s)]
+    todo = [s for s in specs if C.finished_record(run_path(out, s), s) is None]
     print(f"[vision] {len(specs)} runs planned, {len(specs) - len(todo)} already finished; output {out}",
           file=sys.stderr, flush=True)
     t0 = time.time()

@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
 import _verdict as V  # noqa: E402
-from _common import fail, finished, steps_for_tokens_per_param  # noqa: E402
+from _common import fail, steps_for_tokens_per_param  # noqa: E402
 
 # Built-in sweep: name -> overrides of the base TrainSpec. Gain-only settings change the conditioned arm only.
 DEFAULT_SWEEP = [
@@ -284,26 +284,20 @@ def add_missing_eval_files(path: str, run_dir: str, eval_sets: dict, eval_info: 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _mean_std(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def eval_file_stats(name: str, seeds: dict, default: dict) -> dict:
     """Loss / perplexity on one ``--eval-file`` over seeds (mean ± std) and, given the default arm's runs, the
-    paired loss difference to default (mean ± std)."""
+    paired loss difference to default (``_verdict.paired``: same device and batches; mean ± std)."""
     loss = {s: r["eval_files"][name]["loss"] for s, r in sorted(seeds.items()) if name in r.get("eval_files", {})}
     ppl = [math.exp(v) if v < 700 else float("inf") for v in loss.values()]
     out = dict(seeds=list(loss), loss=list(loss.values()), ppl=ppl)
-    out["loss_mean"], out["loss_std"] = _mean_std(out["loss"])
-    out["ppl_mean"], out["ppl_std"] = _mean_std(ppl)
+    out["loss_mean"], out["loss_std"] = V.mean_std(out["loss"])
+    out["ppl_mean"], out["ppl_std"] = V.mean_std(ppl)
     if default:
-        diffs = [loss[s] - default[s]["eval_files"][name]["loss"] for s in loss
-                 if s in default and name in default[s].get("eval_files", {})]
+        side = lambda runs: {s: V.entry(r, r.get("eval_files", {}).get(name, {}).get("loss"))  # noqa: E731
+                             for s, r in runs.items()}
+        diffs = list(V.paired(side(seeds), side(default)).values())
         out["delta_loss_vs_default"] = diffs
-        out["delta_mean"], out["delta_std"] = _mean_std(diffs)
+        out["delta_mean"], out["delta_std"] = V.mean_std(diffs)
     return out
 
 
@@ -322,14 +316,14 @@ def aggregate_setting(recs: list[dict]) -> dict:
         rs = [seeds[s] for s in sorted(seeds)]
         losses = [r["final_eval_loss"] for r in rs]
         ppls = [r["final_eval_ppl"] for r in rs]
-        lm, ls = _mean_std(losses)
-        pm, ps = _mean_std(ppls)
+        lm, ls = V.mean_std(losses)
+        pm, ps = V.mean_std(ppls)
         steps_total = rs[0]["spec"]["steps"]
         a = dict(seeds=sorted(seeds), final_eval_loss=losses, final_eval_ppl=ppls, loss_mean=lm, loss_std=ls,
                  ppl_mean=pm, ppl_std=ps, steps=steps_total,
-                 initial_eval_loss=_mean_std([r["initial_eval_loss"] for r in rs])[0],
-                 tokens_per_s=_mean_std([r["tokens_per_s"] for r in rs])[0],
-                 train_seconds=_mean_std([r["train_seconds"] for r in rs])[0],
+                 initial_eval_loss=V.mean_std([r["initial_eval_loss"] for r in rs])[0],
+                 tokens_per_s=V.mean_std([r["tokens_per_s"] for r in rs])[0],
+                 train_seconds=V.mean_std([r["train_seconds"] for r in rs])[0],
                  epochs=rs[0].get("epochs"), diverged=[r["seed"] for r in rs if "diverged_at" in r],
                  n_params=rs[0]["n_params"], n_params_non_embedding=rs[0]["n_params_non_embedding"],
                  tokens_seen=rs[0]["tokens_seen"],
@@ -337,12 +331,12 @@ def aggregate_setting(recs: list[dict]) -> dict:
                  devices=sorted({r.get("device") or "unknown" for r in rs}))
         acc = [C.blimp_accuracy(r) for r in rs]
         a["blimp_accuracy"] = acc
-        a["blimp_mean"], a["blimp_std"] = _mean_std(acc)
+        a["blimp_mean"], a["blimp_std"] = V.mean_std(acc)
         if arm != "default" and default:
             d_acc = V.paired({s: V.entry(r, C.blimp_accuracy(r)) for s, r in seeds.items()},
                              {s: V.entry(r, C.blimp_accuracy(r)) for s, r in default.items()})
             a["delta_blimp_vs_default"] = list(d_acc.values())
-            a["delta_blimp_mean"], a["delta_blimp_std"] = _mean_std(list(d_acc.values()))
+            a["delta_blimp_mean"], a["delta_blimp_std"] = V.mean_std(list(d_acc.values()))
             family[(arm, "blimp")] = d_acc
         files = sorted({n for r in rs for n in r.get("eval_files", {})})
         if files:
@@ -359,7 +353,7 @@ def aggregate_setting(recs: list[dict]) -> dict:
             diffs = V.paired({s: V.entry(r, r["final_eval_loss"]) for s, r in seeds.items()},
                              {s: V.entry(r, r["final_eval_loss"]) for s, r in default.items()})
             a["delta_loss_vs_default"] = list(diffs.values())
-            a["delta_mean"], a["delta_std"] = _mean_std(list(diffs.values()))
+            a["delta_mean"], a["delta_std"] = V.mean_std(list(diffs.values()))
             family[(arm, "loss")] = diffs
         # κ curve (runs that measured it)
         kruns = [r for r in rs if r.get("kappa")]
@@ -717,7 +711,7 @@ def run_lm(args) -> dict:
     overlap = set(data.info["files"]) & {i["path"] for i in eval_info.values()}
     if overlap:
         print(f"[compare] warning: --eval-file {', '.join(sorted(overlap))} is also training data", file=sys.stderr)
-    todo = [r for r in runs if not finished(run_path(out, r), r)]
+    todo = [r for r in runs if C.finished_record(run_path(out, r), r) is None]
     print(f"[compare] {len(runs)} runs planned, {len(runs) - len(todo)} already finished; output {out}",
           file=sys.stderr)
     blimp = C.blimp_dir_for(args)

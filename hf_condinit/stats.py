@@ -35,7 +35,7 @@ import statistics
 from typing import Iterable, Optional
 
 __all__ = ["ALPHA", "LEVEL", "NA", "SOURCE", "crossing_step", "entry", "family_caption", "flat_curve",
-           "flat_sentence", "fmt", "holm", "interval", "judge", "paired"]
+           "flat_sentence", "fmt", "holm", "interval", "judge", "mean_std", "paired"]
 
 ALPHA = 0.05
 LEVEL = 0.95
@@ -90,6 +90,16 @@ def interval(diffs: Iterable[float], level: float = LEVEL) -> dict:
         p = float(2 * stats.t.sf(abs(out["mean"]) / se, n - 1))
     out.update(sd=sd, lo=out["mean"] - t * se, hi=out["mean"] + t * se, p=p)
     return out
+
+
+def mean_std(values: Iterable) -> tuple[float | None, float | None]:
+    """The "mean ± std over seeds" of a report table: mean and sample std (0 for one value) of the finite values
+    (None and non-finite ones dropped: a diverged seed shows as missing, not as an infinite mean); ``(None, None)``
+    when none is left. Describes the seeds; the verdict is :func:`interval`'s."""
+    xs = [x for x in values if x is not None and math.isfinite(x)]
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
 def holm(pvalues: list[float]) -> list[float]:

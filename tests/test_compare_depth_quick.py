@@ -25,7 +25,8 @@ def _non_embedding(n_layer, n_embd):
 
 
 def _decided(D, p, best):
-    return {a: dict(lrs=list(p.grid_lrs), loss={}, best=best.get(a), at_ladder_end=False) for a in p.arms}
+    return {a: dict(tried=list(p.grid_lrs), extensions=[], values={}, best=best.get(a), decided=a in best,
+                    at_edge=False) for a in p.arms}
 
 
 def test_full_plan_depths_rates_seeds_order():
@@ -135,17 +136,17 @@ def test_grid_extends_at_an_edge_and_decides_inside(tmp_path):
     _, D = _modules()
     p = D.QUICK  # grid (3e-3, 1e-2) on the ladder (1e-3, 3e-3, 1e-2, 3e-2)
     st = D.grid_state(str(tmp_path), p, "valid.raw")
-    assert all(s["best"] is None and s["lrs"] == [3e-3, 1e-2] for s in st.values())
+    assert all(s["best"] is None and s["tried"] == [3e-3, 1e-2] for s in st.values())
     # default: best at the top edge -> 3e-2 added, undecided until it is finished
     _fake_record(D, tmp_path, D.grid_spec(p, "default", 3e-3), 5.0)
     _fake_record(D, tmp_path, D.grid_spec(p, "default", 1e-2), 4.0)
     st = D.grid_state(str(tmp_path), p, "valid.raw")
-    assert st["default"]["lrs"] == [3e-3, 1e-2, 3e-2] and st["default"]["best"] is None
+    assert st["default"]["tried"] == [3e-3, 1e-2, 3e-2] and st["default"]["best"] is None
     assert [r.lr for r in D.plan(p, st) if r.extra["label"] == "default"] == [3e-3, 1e-2, 3e-2]
     # 3e-2 worse: the best (1e-2) is inside, decided; the depth runs of default join the plan at 1e-2
     _fake_record(D, tmp_path, D.grid_spec(p, "default", 3e-2), 4.5)
     st = D.grid_state(str(tmp_path), p, "valid.raw")
-    assert st["default"]["best"] == 1e-2 and not st["default"]["at_ladder_end"]
+    assert st["default"]["best"] == 1e-2 and not st["default"]["at_edge"]
     assert {r.lr for r in D.plan(p, st) if r.extra["label"] == "default" and r.tokens_per_param == p.main_tpp} == {1e-2}
     # the other arm: best at the bottom edge -> 1e-3 added; still best there: the end of the ladder, said so;
     # a diverged (NaN) run never wins
@@ -153,10 +154,10 @@ def test_grid_extends_at_an_edge_and_decides_inside(tmp_path):
     _fake_record(D, tmp_path, D.grid_spec(p, label, 3e-3), 4.0)
     _fake_record(D, tmp_path, D.grid_spec(p, label, 1e-2), float("nan"))
     st = D.grid_state(str(tmp_path), p, "valid.raw")
-    assert st[label]["lrs"] == [1e-3, 3e-3, 1e-2] and st[label]["best"] is None
+    assert st[label]["tried"] == [1e-3, 3e-3, 1e-2] and st[label]["best"] is None
     _fake_record(D, tmp_path, D.grid_spec(p, label, 1e-3), 3.9)
     st = D.grid_state(str(tmp_path), p, "valid.raw")
-    assert st[label]["best"] == 1e-3 and st[label]["at_ladder_end"] and st[label]["loss"][1e-2] == math.inf
+    assert st[label]["best"] == 1e-3 and st[label]["at_edge"] and st[label]["values"][1e-2] == math.inf
 
 
 def _text(tmp_path, src, name, n_chars, fallback):

@@ -7,7 +7,8 @@ rate, every cell an ordinary run folder of the wrapped command, the paired verdi
     python -m hf_condinit.study --out STUDY --slurm > study.sbatch   # one SLURM array task per slot, same plan
 
 Modules: :mod:`.recipes` (arms as recipes), :mod:`.plan` (``study.json``, cells, slots, the learning-rate grid),
-:mod:`.cells` (claims, running a cell, the worker loop), :mod:`.slurm` (the array script), :mod:`.report` (the
+:mod:`.files` (claims and atomic JSON writes, shared with the benchmark harness), :mod:`.cells` (a cell's state,
+running it, the worker loop), :mod:`.slurm` (the array script), :mod:`.report` (the
 report), :mod:`.cli` (the command line). docs/study.md walks through a study.
 """
 

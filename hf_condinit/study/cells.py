@@ -7,9 +7,10 @@ Files under ``<out>`` (``key``: :attr:`hf_condinit.study.plan.Cell.key`):
 - ``failed/<key>.json``: the record of a **failed** cell: the command exited with a code other than 0, 2 and 75 and
   was not killed by a signal (a non-finite loss exits 1). A failed cell is not rerun; it counts as worse than any
   finished one on the grid; delete the record to retry it.
-- ``claims/<key>.lock``: held with ``flock`` by the worker running the cell **and** by the command itself (the lock's
-  file descriptor is passed to it), so a claim stays alive while either lives and the kernel drops it when both are
-  gone: a dead claim is simply taken again. The file names the host and PID of the last claimant.
+- ``claims/<key>.lock``: the cell's claim (:mod:`hf_condinit.study.files`), held with ``flock`` by the worker running
+  the cell **and** by the command itself (the lock's file descriptor is passed to it), so a claim stays alive while
+  either lives and the kernel drops it when both are gone: a dead claim is simply taken again. The file names the
+  host and PID of its claimant; the worker removes it when the cell's command has ended.
 - ``logs/<key>.log``: the command's output, appended on every attempt.
 
 A cell whose command exits 75 (preempted: ``run_clm.py`` saved a checkpoint; docs/pretraining.md, "Faults and
@@ -25,22 +26,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 from ..reporting.runs import lower_is_better, read_final_metrics
+from .files import claimed, write_json
 from .plan import WAIT, Cell, Plan, resolve, slots
 from .recipes import parse_recipe
 
-__all__ = ["PREEMPTED", "StudyPreempted", "cell_command", "cell_state", "failure_of", "outcome_of", "run_worker",
-           "try_claim"]
+__all__ = ["PREEMPTED", "StudyPreempted", "cell_command", "cell_state", "failure_of", "outcome_of", "run_worker"]
 
 PREEMPTED = 75
 
@@ -92,22 +91,6 @@ def outcome_of(plan: Plan, out: str):
     return outcome
 
 
-def try_claim(out: str, cell: Cell) -> int | None:
-    """An open file descriptor holding the cell's claim (``flock``), or None when a live process holds it."""
-    path = _path(out, "claims", cell)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"host {socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
-             .encode())
-    return fd
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -151,7 +134,7 @@ def run_cell(plan: Plan, cell: Cell, out: str, fd: int, log=print) -> str:
         raise ValueError(f"cell {cell.key}: the command exited 2 (a user error): {_last_line(log_path)} (log: "
                          f"{log_path})")
     if rc not in (0, PREEMPTED) and rc > 0:
-        _write_json(_path(out, "failed", cell), dict(cell=cell.key, exit_code=rc, error=_last_line(log_path),
+        write_json(_path(out, "failed", cell), dict(cell=cell.key, exit_code=rc, error=_last_line(log_path),
                                                     command=cmd, at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
     state = cell_state(plan, cell, out)[0]
     if rc == 0 and state == "todo":
@@ -177,14 +160,6 @@ def _last_line(path: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _write_json(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
 def run_worker(plan: Plan, out: str, *, only: int | None = None, poll: float = 30.0, log=print) -> dict:
     """Run slots until none is left: every slot (or slot ``only``, a SLURM array task) in order, each resolved cell
     that is not finished, failed or claimed by a live process. Waits (``poll`` seconds at a time) while a slot waits
@@ -207,18 +182,15 @@ def run_worker(plan: Plan, out: str, *, only: int | None = None, poll: float = 3
             if cell == WAIT or cell_state(plan, cell, out)[0] != "todo":
                 busy |= cell == WAIT and not counts["unfinished"]  # not on a cell this worker gave up on
                 continue
-            fd = try_claim(out, cell)
-            if fd is None:
-                busy = True
-                continue
-            try:
+            with claimed(_path(out, "claims", cell)) as fd:
+                if fd is None:
+                    busy = True
+                    continue
                 if cell_state(plan, cell, out)[0] == "todo":  # another worker finished it while we looked
                     state = run_cell(plan, cell, out, fd, log)
                     tried.add(cell)
                     counts["ran"] += 1
                     counts["unfinished" if state == "todo" else state] += 1
-            finally:
-                os.close(fd)
             break  # the state changed: resolve the slots again from the first
         else:
             if not busy:

@@ -6,6 +6,8 @@ at ``select_seed`` (best final ``metric``; a failed run, e.g. a non-finite loss,
 one); when the best is the lowest or highest rate tried, the grid grows by one geometric step past it (the ratio
 of the two rates at that edge, rounded to 3 significant digits), at most ``lr_extend`` times per arm; the other
 seeds then run at the chosen rate. With one ``--lr`` every cell runs at it; with none, at the command's own rate.
+The decision itself is :func:`choose_rate`, the one rule for a learning-rate grid in the project: the study grows a
+grid by :func:`geometric_extension`, ``benchmarks/_depth.py`` along its fixed ladder by :func:`ladder_extension`.
 
 The work is a fixed list of **slots** (:func:`slots`), the same for every worker and for the SLURM array (slot i =
 array task i): the grid cells, then ``lr_extend`` rounds of one extension slot per arm, then the other seeds, seed
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
+from .files import write_json
 from .recipes import parse_recipe
 
-__all__ = ["PLAN_FILE", "WAIT", "Cell", "Plan", "arm_rates", "resolve", "slots"]
+__all__ = ["PLAN_FILE", "WAIT", "Cell", "Plan", "arm_rates", "choose_rate", "geometric_extension",
+           "ladder_extension", "resolve", "slots"]
 
 PLAN_FILE = "study.json"
 WAIT = "wait"
@@ -69,11 +74,7 @@ class Plan:
         return len(self.lrs) >= 2
 
     def save(self, out: str) -> None:
-        os.makedirs(out, exist_ok=True)
-        tmp = os.path.join(out, f".{PLAN_FILE}.{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(dataclasses.asdict(self), f, indent=1)
-        os.replace(tmp, os.path.join(out, PLAN_FILE))
+        write_json(os.path.join(out, PLAN_FILE), dataclasses.asdict(self))
 
     @classmethod
     def load(cls, out: str) -> "Plan | None":
@@ -88,35 +89,78 @@ class Plan:
             raise ValueError(f"{path} is not a study plan ({e})") from None
 
 
-def _step(lo: float, hi: float, outward: float) -> float:
-    """One geometric step past ``outward`` (an edge of the grid) with the ratio hi / lo, 3 significant digits."""
-    ratio = hi / lo
-    return float(f"{(outward / ratio if outward == lo else outward * ratio):.3g}")
+def choose_rate(lrs, outcome, extend=None) -> dict:
+    """The learning-rate grid of one arm: which rate is best, whether that is decided, which rates it needs.
 
+    ``lrs``: the starting grid (any order); ``outcome(lr)``: the final metric of the run at ``lr`` with lower better
+    (negate a higher-is-better metric), None while that run is not finished, a non-finite value for a failed run
+    (diverged, crashed); ``extend(tried, best, n)``: the rate to add past ``best``, the lowest or highest of the
+    ascending ``tried``, after ``n`` extensions so far, or None when the grid may not grow there (``extend`` None:
+    never; :func:`geometric_extension`, :func:`ladder_extension`).
 
-def arm_rates(plan: Plan, arm: str, outcome) -> dict:
-    """The grid of one arm as far as it is known. ``outcome(cell)`` -> the final metric (lower is better after
-    the sign is taken into account: pass ``-value`` for a higher-is-better metric), ``float("inf")`` for a failed
-    run, None for a run not finished.
+    Once every tried rate is finished, the best is the rate of the lowest outcome (a tie: the lower rate); a failed
+    run is worse than any finished one, and when every rate failed there is no best (decided, ``best`` None). A best
+    at the lowest or highest tried rate adds ``extend``'s rate to the grid, which is then decided again with it.
 
-    Returns ``tried`` (rates in order of the grid, extensions included), ``extensions`` (the rates added),
-    ``values`` (rate -> outcome), ``best`` (the chosen rate; None while undecided or when every rate failed),
-    ``decided`` and ``at_edge`` (the best is still at an edge of the tried grid: no more extensions allowed)."""
-    tried = sorted(plan.lrs)
+    Returns ``tried`` (ascending, the extensions included: every rate the grid needs), ``extensions`` (in the order
+    added: the last is the rate to run next while undecided), ``values`` (rate -> outcome, ``inf`` for a failed
+    run, None while unfinished), ``best`` (None while undecided), ``decided`` and ``at_edge`` (the best is at an edge
+    the grid could not grow past: a bound, not a best)."""
+    tried = sorted(lrs)
     extensions: list[float] = []
     while True:
-        values = {lr: outcome(Cell(arm, plan.select_seed, lr)) for lr in tried}
+        values = {lr: outcome(lr) for lr in tried}
+        values = {lr: v if v is None or math.isfinite(v) else math.inf for lr, v in values.items()}
         if any(v is None for v in values.values()):
             return dict(tried=tried, extensions=extensions, values=values, best=None, decided=False, at_edge=False)
         best = min(tried, key=lambda lr: values[lr])
-        if values[best] == float("inf"):
+        if values[best] == math.inf:
             return dict(tried=tried, extensions=extensions, values=values, best=None, decided=True, at_edge=False)
-        edge = best in (tried[0], tried[-1])
-        if not edge or len(extensions) >= plan.lr_extend:
-            return dict(tried=tried, extensions=extensions, values=values, best=best, decided=True, at_edge=edge)
-        new = _step(tried[0], tried[1], best) if best == tried[0] else _step(tried[-2], tried[-1], best)
+        new = None
+        if best in (tried[0], tried[-1]) and extend is not None:
+            new = extend(tried, best, len(extensions))
+        if new is None:
+            return dict(tried=tried, extensions=extensions, values=values, best=best, decided=True,
+                        at_edge=best in (tried[0], tried[-1]))
         extensions.append(new)
         tried = sorted([*tried, new])
+
+
+def geometric_extension(max_steps: int):
+    """The study's ``extend`` for :func:`choose_rate`: one geometric step past the edge, with the ratio of the two
+    tried rates at that edge (rounded to 3 significant digits), at most ``max_steps`` times."""
+
+    def extend(tried: list, best: float, n: int) -> float | None:
+        if n >= max_steps:
+            return None
+        if best == tried[0]:
+            return float(f"{best / (tried[1] / tried[0]):.3g}")
+        return float(f"{best * (tried[-1] / tried[-2]):.3g}")
+
+    return extend
+
+
+def ladder_extension(ladder):
+    """``benchmarks/_depth.py``'s ``extend`` for :func:`choose_rate`: the next rate of the ascending ``ladder``
+    (of which the grid is a contiguous part) beyond the edge, as often as the ladder goes on."""
+
+    def extend(tried: list, best: float, n: int) -> float | None:
+        i = ladder.index(best)
+        if best == tried[0] and i > 0:
+            return ladder[i - 1]
+        if best == tried[-1] and i < len(ladder) - 1:
+            return ladder[i + 1]
+        return None
+
+    return extend
+
+
+def arm_rates(plan: Plan, arm: str, outcome) -> dict:
+    """The grid of one arm as far as it is known: :func:`choose_rate` of the plan's rates at ``select_seed``,
+    extended by :func:`geometric_extension` (``lr_extend`` steps); ``outcome(cell)`` -> the final metric, lower
+    better, ``float("inf")`` for a failed run, None when unfinished."""
+    return choose_rate(plan.lrs, lambda lr: outcome(Cell(arm, plan.select_seed, lr)),
+                       geometric_extension(plan.lr_extend))
 
 
 def slots(plan: Plan) -> list[tuple]:
