@@ -89,13 +89,16 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
     assert all(r["throughput_vs_sdpa"] == 1.0 for r in speed_rows if r["impl"] == "sdpa")
     all_train = [r for r in parts["d"]["rows"] if r["kind"] == "train"]
     assert [r["arm"] for r in all_train] == [arm[0] for arm in training.TRAIN_ARMS]
-    # below torch 2.7 (no compile) every compiled arm is skipped with its reason, and only those
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+    # below torch 2.7 (no compile) every compiled arm is skipped with its reason; where the library refuses to
+    # compile a variant on this torch (2.11: affine_scaled, spectral), that variant's compiled arm; only those
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
 
     no_compile = torch.__version__ < COMPILE_MIN_TORCH
+    refused = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
+    variant = {"spectral": "spectral conditioning"}  # TRAIN_ARMS' name -> the refusal's
     assert all(r["tuned"] for r in all_train if "skipped" in r)
-    assert [r["arm"] for r in all_train if "skipped" in r] == (
-        [a[0] for a in training.TRAIN_ARMS if a[4]] if no_compile else [])
+    assert [r["arm"] for r in all_train if "skipped" in r] == [
+        a[0] for a in training.TRAIN_ARMS if a[4] and (no_compile or variant.get(a[2], a[2]) in refused)]
     train_rows = [r for r in all_train if "skipped" not in r]
     for r in train_rows:
         assert r["tokens_per_s"] > 0 and r["measured_steps"] == 2 and r["mfu"] is None  # no peak on CPU
@@ -185,7 +188,7 @@ def test_compiled_gradients_checked_before_a_compiled_arm_is_timed(monkeypatch):
     """Part d's compile check: every variant's compiled gradients match eager's on the CPU (aot_eager); a backend that
     changes the gradient (planted: the graph's outputs scaled) fails it, and a tuned arm whose check fails is not
     timed; below torch 2.7 (no compile: `COMPILE_MIN_TORCH`) a tuned arm is skipped with the torch it needs."""
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
 
     monkeypatch.setattr(training, "TRAIN_ARMS", tuple(a for a in training.TRAIN_ARMS if a[2] == "attention_sink"))
     monkeypatch.setattr(training, "train_arm", lambda *a, **k: pytest.fail("a failed compile check's arm was timed"))
@@ -195,8 +198,10 @@ def test_compiled_gradients_checked_before_a_compiled_arm_is_timed(monkeypatch):
         assert [r["kind"] for r in rows if r["kind"] != "settings"] == ["train"]
         assert rows[-1]["skipped"].startswith("torch.compile needs torch >= 2.7")
         return
+    refused_here = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
     for impl in ("attention_sink", "affine_scaled"):
-        assert training.compiled_gradients_match(torch, impl, torch.device("cpu"), "aot_eager")["match"], impl
+        check = training.compiled_gradients_match(torch, impl, torch.device("cpu"), "aot_eager")
+        assert check["match"] == (impl not in refused_here) and ("refused" in check) == (impl in refused_here), impl
 
     def scaled(gm, example_inputs):  # a wrong compiler: every output of the captured graph × 1.5
         def run(*args):
@@ -213,6 +218,31 @@ def test_compiled_gradients_checked_before_a_compiled_arm_is_timed(monkeypatch):
     assert "compiled gradients differ" in rows[-1]["skipped"]
     rows[1].update(attention="attention_sink", backend="aot_eager", worst_rel_err=0.5, zero_compiled_grads=[])
     assert "Compiled gradients of attention_sink (aot_eager) **differ from eager's**" in "\n".join(report._render_d(rows))
+
+
+def test_compile_refused_by_the_library_is_a_skipped_arm_not_an_error(monkeypatch):
+    """Where the library refuses to compile a variant on the running torch (torch 2.11: affine_scaled and spectral,
+    `COMPILE_WRONG_GRADIENTS`; planted here for this torch), part d neither compiles it nor reports an error: the
+    compile_check row carries the refusal's line, the tuned arm is skipped with it, and the report says so; the
+    other variants are checked as before."""
+    from hf_condinit.attention import _common
+
+    if torch.__version__ < _common.COMPILE_MIN_TORCH:
+        pytest.skip("torch.compile is refused below torch 2.7 for every variant (the other test covers it)")
+    here = tuple(int(x) for x in torch.__version__.split(".")[:2])
+    monkeypatch.setitem(_common.COMPILE_WRONG_GRADIENTS, here, ("affine_scaled",))
+    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(a for a in training.TRAIN_ARMS if a[2] == "affine_scaled"
+                                                      and a[4]))
+    monkeypatch.setattr(training, "train_arm", lambda *a, **k: pytest.fail("a refused compiled arm was timed"))
+    rows, record = _rows()
+    training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)
+    kinds = [r["kind"] for r in rows if r["kind"] != "settings"]
+    assert kinds == ["compile_check", "train"] and not any("error" in r for r in rows)
+    assert "gives wrong gradients on torch" in rows[1]["refused"] and rows[1]["match"] is False
+    assert rows[2]["skipped"].startswith("compile refused on this torch: hf_condinit: torch.compile of a model with")
+    assert "Compiled affine_scaled: refused on this torch" in "\n".join(report._render_d(rows))
+    assert "refused" not in training.compiled_gradients_match(torch, "attention_sink", torch.device("cpu"),
+                                                              "aot_eager")
 
 
 def test_planner_scales_build_by_parameters_compilation_by_graphs_and_steps_by_flops(monkeypatch):

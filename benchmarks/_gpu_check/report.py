@@ -178,6 +178,8 @@ def _render_d(rows):
     for r in (r for r in rows if r.get("kind") == "compile_check"):
         if "error" in r:
             L.append(f"Compiled gradients of {r['attention']}: **check failed**: `{r['error'][:200]}`\n")
+        elif r.get("refused"):
+            L.append(f"Compiled {r['attention']}: refused on this torch, its tuned arm is not timed: `{r['refused']}`\n")
         else:
             verdict = "match eager's" if r["match"] else "**differ from eager's** (its tuned arm is not timed)"
             zeroed = f"; zero where eager's are not: {', '.join(r['zero_compiled_grads'])}" if r[

@@ -79,8 +79,10 @@ def part_d(ctx: dict, record) -> None:
                                             **compiled_gradients_match(torch, impl, device, _backend(smoke)))
                 record(**compile_checks[impl])
         if tuned and not compile_checks.get(impl, {}).get("match"):
+            refused = compile_checks.get(impl, {}).get("refused")
             record(kind="train", arm=label, tuned=tuned,
-                   skipped="compiled gradients differ from eager's (or the check failed): see its compile_check row")
+                   skipped=f"compile refused on this torch: {refused}" if refused else
+                   "compiled gradients differ from eager's (or the check failed): see its compile_check row")
             continue
         estimate = None
         reference = references.get(tuned)
@@ -125,10 +127,14 @@ def compiled_gradients_match(torch, impl: str, device, backend, rtol: float = 1e
     (``"spectral"``: SDPA with spectral conditioning λ = 10), holders set to non-trivial values, gives every parameter
     eager's gradient of one training step on ``device`` (relative L2 error ≤ ``rtol``, per parameter). Returns
     ``match``, the worst parameter and its error, and the parameters with a zero compiled gradient but not an eager
-    one. ``backend``: a name or a dynamo backend callable."""
+    one. ``backend``: a name or a dynamo backend callable. Where the library refuses to compile that attention on the
+    running torch (``hf_condinit.attention._common.compile_refusal``: torch 2.11 and affine_scaled / spectral), no
+    compile is tried: ``match`` False and ``refused``, the refusal's line."""
     import copy
 
     from transformers import AutoModelForCausalLM, GPT2Config
+
+    from hf_condinit.attention._common import compile_refusal
 
     config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=128, n_positions=32, attn_pdrop=0.0,
                         resid_pdrop=0.0, embd_pdrop=0.0)
@@ -138,6 +144,9 @@ def compiled_gradients_match(torch, impl: str, device, backend, rtol: float = 1e
     torch.manual_seed(0)
     with torch.device(device):
         eager = AutoModelForCausalLM.from_config(config, **kwargs).train()
+    refused = compile_refusal(eager.config)
+    if refused:
+        return dict(match=False, backend=getattr(backend, "__name__", backend), refused=refused)
     with torch.no_grad():
         for name, p in eager.named_parameters():
             if "condinit_" in name:
