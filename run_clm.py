@@ -87,7 +87,9 @@ from hf_condinit.scripts_common import (
     user_errors,
     with_causal_loss_type,
 )
+from hf_condinit.data.streaming import split_by_rank
 from hf_condinit.scripts.arguments import TokenizerHubArguments
+from hf_condinit.scripts.levers import SpeedLeverArguments, apply_speed_levers, check_speed_levers
 from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.zero_shot import record_blimp
 
@@ -114,10 +116,10 @@ TORCH_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 @dataclass
-class ModelArguments(TokenizerHubArguments):
+class ModelArguments(TokenizerHubArguments, SpeedLeverArguments):
     """HF's ``run_clm.py`` model fields (``--model_type``, ``--config_name`` = ``--model_config``, ``--dtype`` =
     ``--torch_dtype``, the hub fields of :class:`TokenizerHubArguments`) plus the project's ``--model_config`` names and
-    the BPE trained when no tokenizer is given."""
+    the BPE trained when no tokenizer is given, and the speed levers of :class:`SpeedLeverArguments`."""
 
     model_name_or_path: str | None = field(
         default=None,
@@ -315,6 +317,7 @@ def prepare_data(model_args, data_args, training_args, spec: MQARSpec | None, co
                 streaming=data_args.streaming,
             )
     tokenizer = build_tokenizer(model_args, data_args, training_args, raw, text_column, context or block_size, spec)
+    raw = split_by_rank(raw, training_args.process_index, training_args.world_size)  # --streaming: this rank's rows
     tokenized = tokenize_datasets(
         raw,
         tokenizer,
@@ -442,6 +445,7 @@ def main(argv=None):
             raise ValueError("pass either --dataset_name or --train_file, not both")
         if data_args.streaming:
             check_streaming_flags(training_args, synthetic)
+        check_speed_levers(model_args, training_args, config)
         resume = find_last_checkpoint(training_args, logger)
         blimp_pairs = None
         if data_args.blimp_dir:
@@ -467,6 +471,7 @@ def main(argv=None):
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {loaded} only {config.vocab_size}; "
                          f"pass the model's own tokenizer (omit --tokenizer_name).")
     model = build_model(model_args, config, tokenizer, condinit, cond_args.attention if attention_given or not loaded else None)
+    apply_speed_levers(model, model_args, len(tokenizer))
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     arm = f"loaded from {loaded}" if loaded else f"init={condinit['method']} seed={condinit['seed']}"
     logger.info(

@@ -47,7 +47,7 @@ from transformers import (
 )
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
-from hf_condinit.data.streaming import check_first_blocks
+from hf_condinit.data.streaming import check_first_blocks, split_by_rank
 from hf_condinit.data.text import load_raw_datasets, pack_datasets, split_sources, tokenize_datasets
 from hf_condinit.data.tokenizer import batch_iterator
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
@@ -330,6 +330,7 @@ def prepare_data(model_args, data_args, training_args):
         )
     if tokenizer.mask_token is None:
         raise ValueError("The tokenizer has no mask token; masked-language modelling needs one.")
+    raw_datasets = split_by_rank(raw_datasets, training_args.process_index, training_args.world_size)  # --streaming
 
     max_seq_length = data_args.max_seq_length
     if model_args.model_name_or_path:

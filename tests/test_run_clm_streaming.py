@@ -4,6 +4,7 @@ path, a streamed run that resumes exactly, and the one-line errors. Tiny text ma
 import json
 import os
 import random
+import tracemalloc
 
 import pytest
 
@@ -61,6 +62,37 @@ def test_streamed_blocks_are_the_cached_blocks_in_order(text_file, tmp_path):
     _, with_file = _blocks(text_file, tmp_path, streaming=True, tokenizer=tok_cached, validation_file=text_file)
     _, cached_file = _blocks(text_file, tmp_path, streaming=False, tokenizer=tok_cached, validation_file=text_file)
     assert with_file["train"] == cached_file["train"] == cached_file["validation"]
+
+
+def _streaming_peak(path, tmp_path) -> tuple[int, int]:
+    """``(rows, peak bytes)``: the Python allocations' peak (tracemalloc) while the streamed rows of ``path`` are read
+    to their end (the set-up, which reads the first rows, before the measurement)."""
+    raw, _ = load_raw_datasets(train_file=path, validation_split_percentage=0, cache_dir=str(tmp_path / "cache"),
+                               streaming=True)
+    tracemalloc.start()
+    try:
+        rows = sum(1 for _ in raw["train"])
+        return rows, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_streaming_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
+    """A corpus and the same corpus 16 times over (by repetition): reading their streamed rows peaks at the same
+    memory: the reader holds one chunk of the file at a time (``STREAM_CHUNK_BYTES``, 64 KiB here). With
+    ``datasets``' own 10 MiB chunk a file below that size is held whole, and the peak grows with the file.
+    (Tokenization and packing hold one group of ``map_batch_size`` rows at a time, whatever the corpus size.)"""
+    chunk = 64 << 10
+    monkeypatch.setattr("hf_condinit.data.text.STREAM_CHUNK_BYTES", chunk)
+    rng = random.Random(1)
+    rows = "".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40))) + "\n" for _ in range(3000))
+    small, large = tmp_path / "small.txt", tmp_path / "large.txt"
+    small.write_text(rows)
+    large.write_text(rows * 16)
+    (rows_small, peak_small), (rows_large, peak_large) = (_streaming_peak(str(p), tmp_path) for p in (small, large))
+    added = large.stat().st_size - small.stat().st_size
+    assert (rows_small, rows_large) == (3000, 16 * 3000) and small.stat().st_size > 4 * chunk
+    assert peak_large - peak_small < added / 8, (peak_small, peak_large, added)  # the 10 MiB chunk: > added
 
 
 def _clm_args(text_file, tmp_path, out, steps=4):

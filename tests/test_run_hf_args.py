@@ -4,9 +4,11 @@ scratch), the hub fields (``--model_revision``, ``--trust_remote_code``, ``--use
 refuse what cannot work with one line each. Tiny models, a few steps, no hub."""
 
 import csv
+import dataclasses
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
 
-from transformers import AutoConfig  # noqa: E402
+from transformers import AutoConfig, TrainingArguments  # noqa: E402
 
 from hf_condinit.scripts_common import UsageError  # noqa: E402
 
@@ -169,3 +171,157 @@ def test_run_glue_own_files_bad_input(tmp_path, monkeypatch):
         with pytest.raises(UsageError, match=message):
             run_glue.main(_common(tmp_path) + argv)
         assert not (tmp_path / "out").exists()
+
+
+HF_EXAMPLE_ARGS = Path(__file__).parent / "data" / "hf_example_args.json"
+SCRIPTS = {"run_clm.py": run_clm, "run_mlm.py": run_mlm, "run_glue.py": run_glue,
+           "run_image_classification.py": run_image_classification}
+PLACEHOLDER_TYPES = {"distilbert/distilbert-base-uncased": "distilbert", "distilbert/distilgpt2": "gpt2",
+                     "openai-community/gpt2": "gpt2", "distilbert/distilroberta-base": "roberta",
+                     "google/vit-base-patch16-224-in21k": "vit"}
+
+
+def _typed(value: str):
+    """A command-line value as HF's parser types it for the field it names: booleans, ints, floats, else text."""
+    if value in ("True", "False"):
+        return value == "True"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _flag_values(argv: list[str]) -> dict[str, object]:
+    """``{field name: typed value}`` of ``--flag value`` / ``--flag=value`` / a bare ``--flag`` (True)."""
+    values, i = {}, 0
+    while i < len(argv):
+        flag, _, attached = argv[i].removeprefix("--").partition("=")
+        if attached:
+            values[flag] = _typed(attached)
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            values[flag], i = _typed(argv[i + 1]), i + 1
+        else:
+            values[flag] = True
+        i += 1
+    return values
+
+
+@pytest.fixture
+def hf_placeholders(tmp_path):
+    """HF's hub names and fixture files as local stand-ins: a folder with a config.json of the hub model's type per
+    model, an imagefolder for the hub image dataset, MRPC-shaped csv files and a small text file."""
+    rng = random.Random(2)
+    mapping = {"{tmp_dir}": str(tmp_path / "hf_out")}
+    for name, model_type in PLACEHOLDER_TYPES.items():
+        folder = tmp_path / "models" / name.replace("/", "--")
+        AutoConfig.for_model(model_type).save_pretrained(folder)
+        mapping[f"{{model:{name}}}"] = str(folder)
+    for label in ("cat", "dog"):
+        (tmp_path / "cats_vs_dogs" / label).mkdir(parents=True)
+    mapping["{dataset:hf-internal-testing/cats_vs_dogs_sample}"] = str(tmp_path / "cats_vs_dogs")
+    rows = [[rng.choice(["equivalent", "not_equivalent"]), " ".join(rng.choices(WORDS, k=8)),
+             " ".join(rng.choices(WORDS, k=8))] for _ in range(12)]
+    mapping["{mrpc_train}"] = _write_csv(tmp_path / "train.csv", ["label", "sentence1", "sentence2"], rows)
+    mapping["{mrpc_dev}"] = _write_csv(tmp_path / "dev.csv", ["label", "sentence1", "sentence2"], rows[:4])
+    (tmp_path / "sample_text.txt").write_text("".join(" ".join(rng.choices(WORDS, k=10)) + "\n" for _ in range(30)))
+    mapping["{sample_text}"] = str(tmp_path / "sample_text.txt")
+    return mapping
+
+
+def test_hfs_own_test_argument_lists_parse_with_hfs_meaning(hf_placeholders, tmp_path):
+    """HF's ``examples/pytorch/test_pytorch_examples.py`` argument lists for run_clm / run_mlm / run_glue /
+    run_image_classification (tests/data/hf_example_args.json, placeholders mapped to local stand-ins): each
+    script's parse takes every list, and every flag lands in the field of HF's name with the value as given.
+    ``--overwrite_output_dir``, gone from transformers 5's ``TrainingArguments``, is refused with one line."""
+    record = json.loads(HF_EXAMPLE_ARGS.read_text())
+    removed = set(record["removed_in_transformers_5"])
+    assert removed.isdisjoint("--" + f.name for f in dataclasses.fields(TrainingArguments))
+    assert set(record["tests"]) == {"test_run_glue", "test_run_clm", "test_run_clm_config_overrides",
+                                    "test_run_mlm", "test_run_image_classification"}
+    for test, entry in record["tests"].items():
+        script, *argv = entry["argv"]
+        argv = [hf_placeholders.get(a, a) for a in argv] + entry["device_flags"]
+        assert not [a for a in argv if a.startswith("{")], f"{test}: unmapped placeholder"
+        if removed & set(argv):
+            with pytest.raises(UsageError, match="^unknown flag --overwrite_output_dir"):
+                SCRIPTS[script].parse(argv)
+        kept = []
+        for i, arg in enumerate(argv):  # drop the removed flags and their value
+            if arg not in removed and not (i and argv[i - 1] in removed and arg in ("True", "False")):
+                kept.append(arg)
+        parsed, _ = SCRIPTS[script].parse(kept)
+        for name, value in _flag_values(kept).items():
+            holders = [args for args in parsed if hasattr(args, name)]
+            assert holders, f"{test}: no field {name!r} (HF's name) in {script}"
+            assert all(getattr(args, name) == value for args in holders), (test, name, value)
+
+
+REMOTE_CONFIG = '''from transformers import GPT2Config
+
+
+class TinyRemoteConfig(GPT2Config):
+    model_type = "tiny_remote_gpt2"
+'''
+REMOTE_MODELING = '''from transformers import GPT2LMHeadModel
+
+from .configuration_tiny_remote import TinyRemoteConfig
+
+
+class TinyRemoteLMHeadModel(GPT2LMHeadModel):
+    config_class = TinyRemoteConfig
+'''
+
+
+@pytest.fixture
+def remote_code_model(tmp_path, text_file):
+    """A folder holding a model whose code lives next to its weights (``auto_map`` to ``modeling_tiny_remote.py``,
+    a ``model_type`` transformers does not know), with a BPE tokenizer: what ``--trust_remote_code`` is for."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from hf_condinit.data import batch_iterator, train_bpe_tokenizer
+
+    folder = tmp_path / "remote_model"
+    lines = Path(text_file).read_text().splitlines()
+    tokenizer = train_bpe_tokenizer(batch_iterator(lines), vocab_size=300, model_max_length=64)
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=len(tokenizer),
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "configuration_tiny_remote.py").write_text(REMOTE_CONFIG)
+    (folder / "modeling_tiny_remote.py").write_text(REMOTE_MODELING)
+    saved = json.loads((folder / "config.json").read_text())
+    saved.update(model_type="tiny_remote_gpt2",
+                 auto_map={"AutoConfig": "configuration_tiny_remote.TinyRemoteConfig",
+                           "AutoModelForCausalLM": "modeling_tiny_remote.TinyRemoteLMHeadModel"})
+    (folder / "config.json").write_text(json.dumps(saved))
+    return str(folder)
+
+
+def test_trust_remote_code_runs_a_folders_own_model_code(tmp_path, text_file, remote_code_model):
+    """``--trust_remote_code``: ``run_clm.py`` continues a model whose class lives in its folder (the class, not
+    GPT-2's, is what trains and is saved); without the flag, one line naming the flag (exit 2) and nothing written.
+    A checkpoint of this plugin with an attention variant (``condinit_modeling.py``) is not refused."""
+    argv = ["--model_name_or_path", remote_code_model, "--train_file", text_file, "--block_size", "16",
+            "--max_steps", "2", "--per_device_train_batch_size", "4", "--max_eval_samples", "4"]
+    with pytest.raises(UsageError, match="^--model_name_or_path .*remote_model runs its own model code .*"
+                                         "pass --trust_remote_code"):
+        run_clm.main(_common(tmp_path) + argv)
+    assert not (tmp_path / "out").exists()
+    results = run_clm.main(_common(tmp_path) + argv + ["--trust_remote_code"])
+    assert "perplexity" in results and results["train_runtime"] > 0
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["model_type"] == "tiny_remote_gpt2"
+    assert saved["architectures"] == ["TinyRemoteLMHeadModel"]
+    assert (tmp_path / "out" / "modeling_tiny_remote.py").is_file()  # save_pretrained copies the class's code
+    # the plugin's own portable checkpoints (auto_map to condinit_modeling.py) load without the flag
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from hf_condinit.scripts.flag_checks import check_remote_code
+
+    portable = tmp_path / "portable"
+    AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=64),
+                                     attn_implementation="affine_scaled").save_pretrained(portable)
+    assert "auto_map" in json.loads((portable / "config.json").read_text())
+    check_remote_code(str(portable), trust_remote_code=False)

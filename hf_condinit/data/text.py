@@ -20,16 +20,21 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Callable
 
-from .streaming import check_first_blocks, count_rows, split_stream
+from .streaming import PACK_GROUP_ROWS, check_first_blocks, count_rows, split_stream
 
 logger = logging.getLogger(__name__)
 
 TEXT_EXTENSIONS = ("txt", "text", "raw", "tokens")
 JSON_EXTENSIONS = ("json", "jsonl")
+#: Bytes of a local file that ``datasets``' text / json reader holds at once while streaming (its default, 10 MiB,
+#: makes the peak memory grow with the corpus up to files of that size: the chunk, its lines as Python strings and
+#: their Arrow table).
+STREAM_CHUNK_BYTES = 1 << 20
 
 __all__ = [
     "TEXT_EXTENSIONS",
@@ -137,7 +142,9 @@ def load_raw_datasets(
     ``streaming``: an ``IterableDatasetDict`` with the same rows in the same order (:mod:`.streaming`): the split
     of a local file counts its rows in one pass (no tokenization) and takes the same contiguous first rows; a hub
     dataset without a validation split needs its row count in the dataset's metadata. Blank rows are dropped
-    lazily; the emptiness checks happen when the first block is packed (:func:`.streaming.check_first_blocks`).
+    lazily; the emptiness checks happen when the first block is packed (:func:`.streaming.check_first_blocks`). A
+    local file is read ``STREAM_CHUNK_BYTES`` at a time, so the memory does not grow with its size (a ``.json``
+    file holding one JSON array is still parsed whole by ``datasets``; use ``.jsonl`` for large data).
 
     Returns ``(raw_datasets, text_column)``; the text column is renamed to nothing, just resolved.
     """
@@ -184,6 +191,8 @@ def load_raw_datasets(
                 )
             data_files["validation"] = validation_file
         kwargs = dict(common, streaming=streaming)
+        if streaming:
+            kwargs["chunksize"] = STREAM_CHUNK_BYTES
         if builder == "text":
             kwargs["keep_linebreaks"] = keep_linebreaks
         raw = _load_local(builder, data_files, kwargs)
@@ -296,7 +305,7 @@ def tokenize_datasets(
 
 def group_texts(examples: dict, block_size: int, *, add_labels: bool = True) -> dict:
     """Concatenate a batch of tokenized rows and cut into ``block_size`` chunks (remainder dropped)."""
-    concatenated = {k: sum(examples[k], []) for k in examples.keys()}
+    concatenated = {k: list(itertools.chain.from_iterable(examples[k])) for k in examples.keys()}  # linear time
     total = len(concatenated[next(iter(examples.keys()))])
     total = (total // block_size) * block_size
     result = {k: [t[i : i + block_size] for i in range(0, total, block_size)] for k, t in concatenated.items()}
@@ -312,7 +321,7 @@ def pack_datasets(
     num_proc: int | None = None,
     load_from_cache_file: bool = True,
     add_labels: bool = True,
-    map_batch_size: int = 1000,
+    map_batch_size: int = PACK_GROUP_ROWS,
     main_process_first: Callable[[], contextlib.AbstractContextManager] | None = None,
     sources: dict[str, str] | None = None,
 ):

@@ -96,6 +96,7 @@ FLAG_RANGES: dict[str, Range] = {
     "local_rank": Range(-1),  # set by the launchers
     # the scripts' data and model flags
     "tokenizer_vocab_size": AT_LEAST_ONE,
+    "pad_vocab_to_multiple_of": AT_LEAST_ONE,
     "validation_split_percentage": Range(0, 100, high_open=True),
     "train_val_split": Range(0, 1, high_open=True),
     "block_size": AT_LEAST_ONE,
@@ -206,7 +207,8 @@ def looks_like_local_path(value: str) -> bool:
 
 def check_model_paths(parsed) -> None:
     """Raise a :class:`UsageError` (one line) for a :data:`MODEL_PATH_FLAGS` value that names a local folder
-    (:func:`looks_like_local_path`) that does not exist, instead of transformers' "Repo id must be in the form"."""
+    (:func:`looks_like_local_path`) that does not exist, instead of transformers' "Repo id must be in the form", and
+    for a ``--model_name_or_path`` folder whose own code needs ``--trust_remote_code`` (:func:`check_remote_code`)."""
     for args in parsed:
         for name in MODEL_PATH_FLAGS:
             value = getattr(args, name, None)
@@ -214,3 +216,22 @@ def check_model_paths(parsed) -> None:
                     and looks_like_local_path(value):
                 raise UsageError(f"--{name} {value}: no such folder; pass the folder of a saved model (a run's "
                                  f"--output_dir) or a hub id such as org/name.")
+        check_remote_code(getattr(args, "model_name_or_path", None), getattr(args, "trust_remote_code", False))
+
+
+def check_remote_code(folder: str | None, trust_remote_code: bool) -> None:
+    """Raise a :class:`UsageError` (one line) when the local model ``folder`` needs its own code (``auto_map`` in its
+    config.json and a ``model_type`` transformers does not know: HF's rule for ``trust_remote_code``) and
+    ``--trust_remote_code`` is not given. The plugin's own portable checkpoints (``condinit_modeling.py``) load
+    without it: the config hook of :mod:`hf_condinit.hooks` reads them back as their base type."""
+    if trust_remote_code or not isinstance(folder, str) or not os.path.isfile(os.path.join(folder, "config.json")):
+        return
+    from transformers import PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config, _ = PretrainedConfig.get_config_dict(folder)
+    auto_map = config.get("auto_map") or {}
+    if auto_map and config.get("model_type") not in CONFIG_MAPPING:
+        files = sorted({ref.split("--")[-1].split(".")[0] + ".py" for ref in auto_map.values() if isinstance(ref, str)})
+        raise UsageError(f"--model_name_or_path {folder} runs its own model code ({', '.join(files)}, auto_map in its "
+                         f"config.json); pass --trust_remote_code to run it (only for code you have read).")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -48,7 +49,9 @@ class CondInitTrainer(_Trainer):
     - SIGTERM / SIGINT / SIGUSR1 save a checkpoint at the end of the step and stop
       (:class:`hf_condinit.callbacks.PreemptionCallback`, ``self.preemption``);
     - the run's loss, wall time and segment count span resumes (:class:`hf_condinit.callbacks.RunTotalsCallback`,
-      ``self.run_totals``).
+      ``self.run_totals``);
+    - a training stream that is already this rank's own share (``--streaming`` under several processes:
+      :func:`hf_condinit.data.streaming.split_by_rank`) is loaded as it is (:meth:`get_train_dataloader`).
 
     Every callback above is added to every instance. Otherwise the stock Trainer."""
 
@@ -59,6 +62,17 @@ class CondInitTrainer(_Trainer):
         self._staging_root = None
         extra = [NonFiniteLossCallback(), self.preemption, self.run_totals]
         super().__init__(*args, callbacks=[*(callbacks or []), *extra], **kwargs)
+
+    def get_train_dataloader(self):
+        """The stock loader; for a stream marked as this rank's share (:func:`hf_condinit.data.streaming.rows_of_rank`)
+        under several processes, prepared for this process alone: accelerate would otherwise dispatch rank 0's
+        stream to every rank, or shard the rank's share once more."""
+        from ..data.streaming import rows_of_rank
+
+        if rows_of_rank(self.train_dataset) is None or self.accelerator.num_processes == 1:
+            return super().get_train_dataloader()
+        with _prepared_for_this_process(self.accelerator):
+            return super().get_train_dataloader()
 
     def get_decay_parameter_names(self, model) -> list[str]:
         skip = no_decay_parameter_names(model)
@@ -126,6 +140,29 @@ class CondInitTrainer(_Trainer):
             shutil.rmtree(root, ignore_errors=True)
             checkpoints.rotate(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
         self.accelerator.wait_for_everyone()
+
+
+@contextlib.contextmanager
+def _prepared_for_this_process(accelerator):
+    """Within the block, ``accelerator.prepare`` makes a data loader for this process alone (one process, no dispatch:
+    accelerate's ``DataLoaderShard`` with the device placement and RNG types it would use), registered with the
+    accelerator as usual."""
+    from accelerate.data_loader import prepare_data_loader
+
+    def prepare(data_loader, device_placement=None, slice_fn_for_dispatch=None):
+        prepared = prepare_data_loader(
+            data_loader, accelerator.device, num_processes=1, process_index=0, dispatch_batches=False,
+            put_on_device=accelerator.device_placement if device_placement is None else device_placement,
+            rng_types=accelerator.rng_types.copy(), non_blocking=accelerator.non_blocking,
+        )
+        accelerator._dataloaders.append(prepared)
+        return prepared
+
+    accelerator.prepare_data_loader = prepare  # the instance attribute shadows the method until the block ends
+    try:
+        yield
+    finally:
+        del accelerator.prepare_data_loader
 
 
 def make_condition_number_callback(cond_args: CondInitArguments, dataset, trainer=None, probe_inputs=None):

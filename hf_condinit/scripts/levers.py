@@ -1,0 +1,71 @@
+"""The speed levers of ``run_clm.py`` that HF's ``TrainingArguments`` lacks (issue 36): a padded vocabulary and the
+chunked LM-head cross-entropy (:mod:`hf_condinit.lm_head`), as the fields of :class:`SpeedLeverArguments` (a
+script's ``ModelArguments`` inherits them), checked before any work (:func:`check_speed_levers`) and applied to the
+built model (:func:`apply_speed_levers`).
+
+The other levers are HF's own flags and need nothing here: ``--torch_compile`` (whole model; with
+``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1`` per block), ``--optim adamw_torch_fused`` and ``--tf32`` (CUDA only;
+transformers sets ``torch.backends.fp32_precision = "tf32"`` on torch >= 2.9). docs/pretraining.md, "Speed levers"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+LM_HEAD_CE_CHOICES = ("default", "chunked")
+
+
+@dataclass
+class SpeedLeverArguments:
+    pad_vocab_to_multiple_of: int | None = field(
+        default=None,
+        metadata={"help": "Pad the embedding / LM head to a multiple of N rows (64: 50257 -> 50304) after the model is "
+                          "built or loaded; the padded logits are -inf (never predicted, no loss, no gradient) and "
+                          "generation_config suppresses the padded ids. config.vocab_size becomes the padded size, "
+                          "the saved tokenizer keeps its own."},
+    )
+    lm_head_ce: str = field(
+        default="default",
+        metadata={"help": "Training loss of the LM head: default (the model's own: full logits, upcast to fp32) or "
+                          "chunked (cross-entropy from the last hidden states, 1024 tokens at a time, gradients in the "
+                          "same pass: no (batch, seq, vocab) logits). Evaluation always uses the model's own forward.",
+                  "choices": list(LM_HEAD_CE_CHOICES)},
+    )
+
+
+def check_speed_levers(lever_args: SpeedLeverArguments, training_args, config) -> None:
+    """Raise :class:`UsageError` for a lever the run cannot take: the chunked loss for a model of ``config`` whose
+    logits are transformed after the head, or under ZeRO-3 / FSDP (it reads the head's weight outside the head's own
+    forward, where they leave it partitioned)."""
+    if lever_args.lm_head_ce != "chunked":
+        return
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    from ..lm_head import chunked_loss_refusal
+
+    refusal = chunked_loss_refusal(config)
+    if refusal:
+        raise UsageError(f"--lm_head_ce chunked needs logits = lm_head(last hidden state): {refusal}; "
+                         "use --lm_head_ce default.")
+
+    if training_args.deepspeed and is_deepspeed_zero3_enabled():
+        raise UsageError("--lm_head_ce chunked reads the LM head's weight outside its forward, which ZeRO-3 "
+                         "partitions; use ZeRO-2 (ds_configs/zero2.json) or DDP, or --lm_head_ce default.")
+    if training_args.fsdp:
+        raise UsageError("--lm_head_ce chunked reads the LM head's weight outside its forward, which FSDP shards; "
+                         "use DDP or ZeRO-2, or --lm_head_ce default.")
+
+
+def apply_speed_levers(model, lever_args: SpeedLeverArguments, tokenizer_size: int):
+    """Pad ``model``'s vocabulary (``--pad_vocab_to_multiple_of``) to a multiple above ``tokenizer_size`` and install
+    the chunked loss (``--lm_head_ce chunked``; with the padded logits masked in it too). Returns ``model``."""
+    from ..lm_head import pad_vocabulary, use_chunked_lm_head_loss
+
+    real_vocab = None
+    if lever_args.pad_vocab_to_multiple_of:
+        pad_vocabulary(model, tokenizer_size, lever_args.pad_vocab_to_multiple_of)
+        real_vocab = tokenizer_size
+    if lever_args.lm_head_ce == "chunked":
+        use_chunked_lm_head_loss(model, real_vocab=real_vocab)
+    return model
