@@ -89,7 +89,8 @@ from hf_condinit.scripts_common import (
 )
 from hf_condinit.data.streaming import split_by_rank
 from hf_condinit.scripts.arguments import TokenizerHubArguments
-from hf_condinit.scripts.levers import SpeedLeverArguments, apply_speed_levers, check_speed_levers
+from hf_condinit.scripts.levers import (SpeedLeverArguments, apply_speed_levers, check_resume_vocabulary,
+                                        check_speed_levers)
 from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.zero_shot import record_blimp
 
@@ -470,6 +471,7 @@ def main(argv=None):
     if loaded and len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {loaded} only {config.vocab_size}; "
                          f"pass the model's own tokenizer (omit --tokenizer_name).")
+    check_resume_vocabulary(model_args, resume, len(tokenizer), config.vocab_size if loaded else None)
     model = build_model(model_args, config, tokenizer, condinit, cond_args.attention if attention_given or not loaded else None)
     apply_speed_levers(model, model_args, len(tokenizer))
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

@@ -1,9 +1,10 @@
 """`apply_init`: the explicit entry point, and the per-block routine the hooks share with it.
 
 Determinism: block ``i`` (its ordinal in ``layout.attention_modules(model)``) draws from its own generator seeded
-with ``seed * 1_000_003 + i``, so the weights depend only on (seed, layer), not on the head class
+with ``seed * 1_000_003 + i`` (`block_generator`), so the weights depend only on (seed, layer), not on the head class
 (``AutoModel`` vs ``AutoModelForCausalLM``), traversal order or ZeRO partitioning, and the global torch RNG is
-never consumed (every other parameter equals the model's default init for the same global seed).
+never consumed (every other parameter equals the model's default init for the same global seed). The generator is a
+CPU one (the same weights on every device) unless ``generator="device"`` puts it on the weights' device.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .config import CondInitConfig, resolve_condinit
 from .layouts import AttentionLayout, LayoutError, get_layout
 from .registry import INIT_SCHEMES
 
-__all__ = ["InitReport", "apply_init", "init_attention_block", "resolved_condinit", "gathered"]
+__all__ = ["InitReport", "apply_init", "block_generator", "init_attention_block", "resolved_condinit", "gathered"]
 
 _SEED_STRIDE = 1_000_003
 
@@ -81,6 +82,16 @@ def resolved_condinit(config) -> CondInitConfig | None:
     return cfg
 
 
+def block_generator(cfg: CondInitConfig, ordinal: int, params: list[torch.Tensor]) -> torch.Generator:
+    """Block ``ordinal``'s own generator, seeded ``cfg.seed · 1 000 003 + ordinal``: on the CPU for
+    ``cfg.generator == "cpu"``; for ``"device"`` on the device of the first of the block's tensors ``params`` that is
+    not on meta (the CPU when all are: a meta tensor has no generator, and nothing is drawn into it)."""
+    device = torch.device("cpu")
+    if cfg.generator == "device":
+        device = next((t.device for t in params if not t.is_meta), device)
+    return torch.Generator(device=device).manual_seed((cfg.seed * _SEED_STRIDE + ordinal) % 2**63)
+
+
 def init_attention_block(
     block: nn.Module,
     ordinal: int,
@@ -109,8 +120,8 @@ def init_attention_block(
         )
     skipped = flagged if loaded == "skip" else []
     todo = {role: p for role, p in projs.items() if role not in skipped}
-    generator = torch.Generator().manual_seed((cfg.seed * _SEED_STRIDE + ordinal) % 2**63)
     params = list({id(t): t for p in todo.values() for t in (p.weight, p.bias) if t is not None}.values())
+    generator = block_generator(cfg, ordinal, params)
     if params and all(t.is_meta for t in params):
         written = []  # meta-device build: nothing to write into (the draws and SVDs would be wasted CPU time)
     else:

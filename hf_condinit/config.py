@@ -27,6 +27,7 @@ _MIMETIC_DISTS = ("uniform", "normal")
 _SPECTRAL_MODES = ("identity", "svd")
 _BIAS_LENGTHS = ("visible", "full")
 _PRECOND_SCALES = ("none", "sqrt_d")
+_GENERATORS = ("cpu", "device")
 _NUMBERS = (
     "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2", "mimetic_beta2", "spectral_lambda",
     "affine_rho", "precond_eps",
@@ -51,6 +52,11 @@ class CondInitConfig:
             Seed of the scheme's own generators (one per layer, ``seed * 1_000_003 + layer``); the global torch RNG
             is never consumed, so every other parameter equals the model's default init for the same global seed.
             ``None``: ``torch.initial_seed()`` at build time, then recorded.
+        generator (`str`, defaults to `"cpu"`):
+            Where those generators live: ``"cpu"`` (the same weights on every device) or ``"device"`` (the device
+            the block's weights are built on, the CPU for CPU and meta builds: no host draws on an accelerator,
+            deterministic per seed on one device kind, but a GPU build then differs from a CPU build of the same
+            seed). Read by every scheme that draws (conditioned, mimetic).
         value_init (`str`, defaults to `"block"`):
             ``"block"``: the value projection is the (H·d)×D identity (head h reads coordinates [h·d, (h+1)·d)).
             ``"per_head"``: every head gets the rectangular identity I_{D×d} (the paper's literal algorithm).
@@ -72,6 +78,7 @@ class CondInitConfig:
 
     method: str = "conditioned"
     seed: int | None = None
+    generator: str = "cpu"
     value_init: str = "block"
     qk_gain: float = 1.0
     v_gain: float = 1.0
@@ -93,6 +100,7 @@ class CondInitConfig:
     def __post_init__(self) -> None:
         self.method = INIT_METHOD_ALIASES.get(self.method, self.method)
         _check_choice("method", self.method, INIT_METHODS, INIT_METHOD_ALIASES)
+        _check_choice("generator", self.generator, _GENERATORS)
         _check_choice("value_init", self.value_init, _VALUE_INITS)
         _check_choice("mimetic_dist", self.mimetic_dist, _MIMETIC_DISTS)
         _check_choice("spectral_mode", self.spectral_mode, _SPECTRAL_MODES)

@@ -145,3 +145,35 @@ def test_levers_refused_before_any_work(tmp_path, monkeypatch, extra, message):
     with pytest.raises(UsageError, match=message):
         run_clm.main(_args(tmp_path, "refused", "--lm_head_ce", "chunked", *extra))
     assert not (tmp_path / "refused").exists()
+
+
+def test_resume_with_another_vocabulary_size_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    """A run trained with ``--pad_vocab_to_multiple_of 64`` (67 tokens -> 128 rows), resumed without the flag (67) or
+    with 32 (96), would die in the Trainer's checkpoint load with a shape mismatch: one line and exit 2 before the
+    model is built. Resumed with 64, or 128 (the same 128 rows), it gets past the check to the model."""
+    from hf_condinit.scripts_common import run_main
+
+    trained = _args(tmp_path, "padded", *LEVERS["pad"], "--do_train", "--max_steps", "2", "--save_strategy", "steps",
+                    "--save_steps", "2")
+    run_clm.main(trained)
+    checkpoint = tmp_path / "padded" / "checkpoint-2"
+    assert json.loads((checkpoint / "config.json").read_text())["vocab_size"] == 128
+
+    def boom(*args, **kwargs):
+        raise AssertionError("model work started")
+
+    monkeypatch.setattr(run_clm, "build_model", boom)
+    resume = [*_args(tmp_path, "padded", "--do_train"), "--resume_from_checkpoint", str(checkpoint)]
+    for flags, size, built in (([], 67, "67 rows, unpadded"), (["--pad_vocab_to_multiple_of", "32"], 96,
+                                                               "67 rows padded to a multiple of 32")):
+        with pytest.raises(SystemExit) as stop:
+            run_main(run_clm.main, [*resume, *flags], prog="run_clm.py")
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (f"run_clm.py: error: cannot resume from {checkpoint}: its model has a vocabulary of 128 "
+                           f"rows (trained with --pad_vocab_to_multiple_of), this run's would have {size} ({built}); "
+                           "resume with the --pad_vocab_to_multiple_of it was trained with, or pass a new "
+                           "--output_dir to start over."), err
+    for multiple in ("64", "128"):
+        with pytest.raises(AssertionError, match="model work started"):
+            run_clm.main([*resume, "--pad_vocab_to_multiple_of", multiple])

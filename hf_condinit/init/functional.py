@@ -2,10 +2,10 @@
 
 Every function draws with an explicit ``torch.Generator`` (never the global RNG) and writes with ``copy_``, so it
 works on non-contiguous views (transposed ``nn.Linear`` blocks) and on bf16/fp16 parameters. Random values are drawn
-on the generator's device (CPU for the hooks' generators: the draws do not depend on the device the model is built
-on), deterministic ones built on the view's device, always with an explicit ``device=``, so a default-device context
-(``with torch.device("cuda")`` or ``"meta"``) neither redirects the draws nor breaks the CPU generator; ``copy_``
-moves the result to the view.
+on the generator's device (CPU for the hooks' generators by default: the draws do not depend on the device the model
+is built on; the weights' device with ``CondInitConfig.generator="device"``), deterministic ones built on the view's
+device, always with an explicit ``device=``, so a default-device context (``with torch.device("cuda")`` or
+``"meta"``) neither redirects the draws nor breaks the CPU generator; ``copy_`` moves the result to the view.
 
 Factorisations are batched (one call per attention block) and run where `factor_device` says: on the CPU in fp32
 (the original weights, bit for bit), or, for a model at least `DEVICE_MIN_DIM` wide built on an accelerator, on

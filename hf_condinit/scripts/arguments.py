@@ -95,6 +95,12 @@ class CondInitArguments:
     condinit_seed: int | None = field(
         default=None, metadata={"help": "Seed of the init scheme's generators (default: --seed)."}
     )
+    generator: str | None = field(
+        default=None,
+        metadata={"help": "Where the init scheme's generators live: cpu (default: the same weights on every device) or "
+                          "device (the device the model is built on: faster there, but a GPU build then differs from "
+                          "a CPU build of the same seed)."},
+    )
     value_init: str | None = field(default=None, metadata={"help": "conditioned: 'block' (default) or 'per_head'."})
     qk_gain: float | None = field(default=None, metadata={"help": "conditioned: scale of the Q/K blocks (default 1)."})
     v_gain: float | None = field(default=None, metadata={"help": "conditioned: scale of the V identity (default 1)."})
@@ -131,9 +137,9 @@ class CondInitArguments:
 
     # Fields that are CondInitConfig options (same names).
     _OPTION_FIELDS = (
-        "value_init", "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2", "mimetic_beta2",
-        "mimetic_vo_sign", "mimetic_dist", "spectral_lambda", "spectral_mode", "affine_rho", "affine_bias_length",
-        "precond_eps", "precond_scale",
+        "generator", "value_init", "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2",
+        "mimetic_beta2", "mimetic_vo_sign", "mimetic_dist", "spectral_lambda", "spectral_mode", "affine_rho",
+        "affine_bias_length", "precond_eps", "precond_scale",
     )  # fmt: skip
 
     def __post_init__(self):

@@ -1,7 +1,8 @@
 """The speed levers of ``run_clm.py`` that HF's ``TrainingArguments`` lacks (issue 36): a padded vocabulary and the
 chunked LM-head cross-entropy (:mod:`hf_condinit.lm_head`), as the fields of :class:`SpeedLeverArguments` (a
 script's ``ModelArguments`` inherits them), checked before any work (:func:`check_speed_levers`) and applied to the
-built model (:func:`apply_speed_levers`).
+built model (:func:`apply_speed_levers`); a resume whose checkpoint holds another vocabulary size than the run would
+build is refused before the model is (:func:`check_resume_vocabulary`).
 
 The other levers are HF's own flags and need nothing here: ``--torch_compile`` (whole model; with
 ``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1`` per block), ``--optim adamw_torch_fused`` and ``--tf32`` (CUDA only;
@@ -9,6 +10,8 @@ transformers sets ``torch.backends.fp32_precision = "tf32"`` on torch >= 2.9). d
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 
 from .errors import UsageError
@@ -69,3 +72,32 @@ def apply_speed_levers(model, lever_args: SpeedLeverArguments, tokenizer_size: i
     if lever_args.lm_head_ce == "chunked":
         use_chunked_lm_head_loss(model, real_vocab=real_vocab)
     return model
+
+
+def check_resume_vocabulary(lever_args: SpeedLeverArguments, checkpoint: str | None, tokenizer_size: int,
+                            loaded_vocab: int | None = None) -> None:
+    """Raise :class:`UsageError` when ``checkpoint`` (the one the run resumes from; None: a fresh run) holds a model
+    whose ``config.json`` ``vocab_size`` differs from the model this run builds: ``tokenizer_size`` rows, or
+    ``loaded_vocab`` for a loaded model (``--model_name_or_path``) without ``--pad_vocab_to_multiple_of``, rounded
+    up to that multiple when given (as :func:`apply_speed_levers` pads). Unchecked, a run trained with the flag and
+    resumed without it (or with a multiple that rounds elsewhere) dies in the Trainer's checkpoint load with a shape
+    mismatch. A checkpoint without a top-level ``vocab_size`` is not checked."""
+    if checkpoint is None:
+        return
+    try:
+        with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
+            saved = json.load(f).get("vocab_size")
+    except (OSError, ValueError):
+        return  # a damaged checkpoint is find_last_checkpoint's to refuse
+    multiple = lever_args.pad_vocab_to_multiple_of
+    real = tokenizer_size if multiple or loaded_vocab is None else loaded_vocab
+    size = -(-real // multiple) * multiple if multiple else real
+    if saved is None or saved == size:
+        return
+    built = f"{real} rows padded to a multiple of {multiple}" if multiple else f"{real} rows, unpadded"
+    trained = ""  # a checkpoint smaller than the tokenizer was trained with another one
+    if saved >= tokenizer_size:
+        trained = f" (trained {'with' if saved > tokenizer_size else 'without'} --pad_vocab_to_multiple_of)"
+    raise UsageError(f"cannot resume from {checkpoint}: its model has a vocabulary of {saved} rows{trained}, this "
+                     f"run's would have {size} ({built}); resume with the --pad_vocab_to_multiple_of it was trained "
+                     "with, or pass a new --output_dir to start over.")
