@@ -1,4 +1,4 @@
-"""GPU readiness check: one command that measures what the mission needs the day a GPU is available (≤ 8 min, H200).
+"""GPU readiness check: one command that measures what the mission needs the day a GPU is available (≤ 9 min).
 
     python3 benchmarks/gpu_check.py --out gpu_check_out            # full mode, on a CUDA machine
     python3 benchmarks/gpu_check.py --smoke --out /tmp/gpu_smoke   # every part on CPU with tiny shapes (< 2 min)
@@ -7,9 +7,10 @@ It needs torch, transformers and accelerate only (no deepspeed, datasets or eval
 and no install: the repository root is put on ``sys.path``, so a checkout runs as it is (the exact command for the
 lent GPU machine: docs/pretraining.md, "Throughput"). Tested against the oldest transformers the project declares.
 
-Parts, in order, each in its own forked process under its own time cap (``--cap PART=SECONDS`` overrides) plus the
-time the parts before it left unused (the run never takes longer than the sum of the caps), so a slow or hung part
-is killed and the next one runs. Each row goes to ``OUT/rows.jsonl`` the moment it is measured, and
+Parts, run in the order a, d, c, e, b (``_gpu_check.RUN_ORDER``: the headline rows of part d first; ``--parts``
+picks and orders them), each in its own forked process under its own time cap (``--cap PART=SECONDS`` overrides)
+plus the time the parts before it left unused (the run never takes longer than the sum of the caps), so a slow or
+hung part is killed and the next one runs. Each row goes to ``OUT/rows.jsonl`` the moment it is measured, and
 ``OUT/gpu_check.json`` / ``OUT/gpu_check.md`` are rewritten after every row (a killed run keeps what it measured);
 with ``OUT/status.json`` that is four files in one folder. Within a part, every implementation, arm and build runs
 on its own: an error (out of memory, a kernel that refuses) is one row with its message and the part goes on.
@@ -31,15 +32,19 @@ c. **attention speed, memory and kernels** (`_gpu_check/speed.py`): forward + ba
    and whether it runs on flash / memory-efficient / cuDNN alone and with the math kernel disabled (and what ran
    there); for the attention sink, the path its calls took (its fused lse kernel or the virtual-key fallback) and
    why, recorded from the calls themselves;
-d. **training** (`_gpu_check/training.py`): GPT-2 472M (``configs/gpt2-472m.json``) and 1.72B, bf16 mixed
-   precision, plain ``transformers.Trainer`` in one process (ZeRO partitions nothing on one GPU; the DeepSpeed path
-   is covered by the CPU tests), fused AdamW, random tokens at 1024, 10 warm-up + 30 measured steps per arm, today's
-   configuration and the tuned one side by side (same model, same batch; tuned = + ``torch_compile`` with
-   accelerate's regional compilation): 472M default both ways, 1.72B tuned, each attention variant tuned, the
-   conditioned init tuned, larger micro-batches, then today's 1.72B and affine_scaled, each run only if the time it
-   is estimated to need is left (build × parameter ratio, compilation × compiled-graph ratio, s/step × FLOP ratio,
-   from the measured 472M default arm; the estimate is recorded beside the seconds the arm took). Tokens/s, MFU
-   and peak memory come from `hf_condinit.callbacks.ThroughputCallback`;
+d. **training throughput and speed levers** (`_gpu_check/matrix.py`, each arm by `_gpu_check/training.py`): GPT-2
+   472M (``configs/gpt2-472m.json``) and 1.72B, bf16 mixed precision, plain ``transformers.Trainer`` in one process
+   (ZeRO partitions nothing on one GPU; the DeepSpeed path is covered by the CPU tests), random tokens at 1024,
+   5 warm-up + 20 measured steps per arm; first the lever matrix at 472M, micro-batch 16: today's ``run_clm.py``
+   configuration (eager, ``adamw_torch``), each lever alone (padded vocabulary ×64, chunked LM-head cross-entropy,
+   fused AdamW, TF32, regional compile, whole-model compile), all levers together with the faster compile; then
+   the micro-batch doubled in the best configuration until it runs out of memory; then each attention variant,
+   the conditioned init and 1.72B in the best configuration. Each arm runs only if the time it is estimated to need
+   is left (build × parameter ratio, compilation × compiled-graph or layer ratio, s/step × FLOP ratio, from a
+   measured arm of the same compile mode; the estimate is recorded beside the seconds the arm took) and under its
+   own time limit. Each row records what the arm ran with (vocabulary rows, the loss's forward, the optimizer,
+   what was compiled, the fp32 matmul precision). Tokens/s, MFU and peak memory come from
+   `hf_condinit.callbacks.ThroughputCallback`;
 e. **init cost** (`_gpu_check/init_cost.py`): after throwaway warm-up builds, building the 472M and 1.72B configs
    on the device (fp32) with the default, conditioned and mimetic init (seconds, ratio to the default build, peak
    allocator memory; mimetic 1.72B on 4 of its 48 layers beside the same cut default build, extrapolated and
@@ -67,10 +72,10 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
-from _gpu_check import PARTS  # noqa: E402
+from _gpu_check import PARTS, RUN_ORDER  # noqa: E402
 from _gpu_check.runner import orchestrate, read_status, write_report, write_settings  # noqa: E402
 
-CAPS = {"a": 20, "b": 75, "c": 70, "d": 245, "e": 70}  # seconds, full mode: 480 s in all (+ ~15 s start-up)
+CAPS = {"a": 20, "d": 360, "c": 50, "e": 40, "b": 40}  # seconds, full mode: 510 s in all (+ ~15 s start-up)
 SMOKE_CAPS = dict.fromkeys(PARTS, 300)  # a safety net only: a smoke part takes seconds on an idle CPU
 
 
@@ -79,7 +84,7 @@ def _part_function(part: str):
     import importlib
 
     module, name = {"a": ("env", "part_a"), "b": ("correctness", "part_b"), "c": ("speed", "part_c"),
-                    "d": ("training", "part_d"), "e": ("init_cost", "part_e")}[part]
+                    "d": ("matrix", "part_d"), "e": ("init_cost", "part_e")}[part]
     return getattr(importlib.import_module(f"_gpu_check.{module}"), name)
 
 
@@ -88,7 +93,8 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="new folder for gpu_check.md, gpu_check.json, rows.jsonl, status.json")
     p.add_argument("--smoke", action="store_true", help="every part on CPU with tiny shapes (labelled SMOKE)")
     p.add_argument("--device", default=None, help="default: cuda (full mode), cpu (--smoke)")
-    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    p.add_argument("--parts", nargs="+", default=list(RUN_ORDER), choices=PARTS,
+                   help="the parts to run, in this order (default: %(default)s)")
     p.add_argument("--cap", action="append", default=[], metavar="PART=SECONDS", help="override a part's time cap")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads in each part (default: 1 with --smoke, where a shared CPU makes "

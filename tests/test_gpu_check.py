@@ -5,6 +5,7 @@ and the user errors. The full mode needs a GPU; this keeps its code paths from r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import torch
 from utils import REPO, load_script
 
 gpu_check = load_script("benchmarks/gpu_check.py", "gpu_check")
-from _gpu_check import PARTS, correctness, init_cost, judge, report, runner, speed, training  # noqa: E402
+from _gpu_check import RUN_ORDER, correctness, init_cost, judge, matrix, report, runner, speed, training  # noqa: E402
 
 BLOCKED = ("deepspeed", "datasets", "evaluate")  # absent on the GPU machine (issue 23)
 CPU = torch.device("cpu")
@@ -48,7 +49,7 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
     assert result["settings"]["smoke"] is True
     assert "SMOKE RUN" in md and "not GPU results" in md
     parts = result["parts"]
-    assert list(parts) == list(PARTS)
+    assert list(parts) == list(RUN_ORDER) == ["a", "d", "c", "e", "b"]  # the headline rows (part d) first
     for name, part in parts.items():
         assert part["state"] == "done", (name, part, proc.stderr[-3000:])
         assert part["rows"] and not any("error" in r for r in part["rows"] if r.get("kind") != "case"), name
@@ -87,49 +88,87 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
     speed_rows = [r for r in parts["c"]["rows"] if r["kind"] == "speed"]
     assert {r["impl"] for r in speed_rows} == set(speed.SPEED_IMPLS)
     assert all(r["throughput_vs_sdpa"] == 1.0 for r in speed_rows if r["impl"] == "sdpa")
-    all_train = [r for r in parts["d"]["rows"] if r["kind"] == "train"]
-    assert [r["arm"] for r in all_train] == [arm[0] for arm in training.TRAIN_ARMS]
-    # below torch 2.7 (no compile) every compiled arm is skipped with its reason; where the library refuses to
-    # compile a variant on this torch (2.11: affine_scaled, spectral), that variant's compiled arm; only those
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
-
-    no_compile = torch.__version__ < COMPILE_MIN_TORCH
-    refused = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
-    variant = {"spectral": "spectral conditioning"}  # TRAIN_ARMS' name -> the refusal's
-    assert all(r["tuned"] for r in all_train if "skipped" in r)
-    assert [r["arm"] for r in all_train if "skipped" in r] == [
-        a[0] for a in training.TRAIN_ARMS if a[4] and (no_compile or variant.get(a[2], a[2]) in refused)]
-    train_rows = [r for r in all_train if "skipped" not in r]
-    for r in train_rows:
-        assert r["tokens_per_s"] > 0 and r["measured_steps"] == 2 and r["mfu"] is None  # no peak on CPU
-    arms = {arm[0]: arm for arm in training.TRAIN_ARMS}
-    for r in train_rows:
-        label, size, impl, init, tuned, _ = arms[r["arm"]]
-        assert r["tuned"] is tuned and r["attention"] == impl and r["init"] == init, label
-        # tuned: Trainer compiled the model (dynamo captured graphs); today's: nothing compiled
-        assert (r["graphs"] >= 1) if tuned else (r["graphs"] is None), label
-    assert all(r["graph_breaks"] == 0 for r in train_rows if r["tuned"])  # every variant too (issue 39)
-    # every arm but the two references carries its estimate beside the seconds it took
-    references = {"472M default", "472M default tuned"}
-    assert all((r["estimate"] is None) == (r["arm"] in references) and r["arm_wall_s"] > 0 for r in train_rows)
-    by_arm = {r["arm"]: r for r in train_rows}
-    if not no_compile:
-        big = by_arm["1.72B default tuned"]["estimate"]  # from the 472M tuned arm: its compilation, not × params
-        assert big["flop_ratio"] > 1 and big["graphs"] == by_arm["472M default tuned"]["graphs"]
-        assert big["warmup_extra_s"] == pytest.approx(by_arm["472M default tuned"]["warmup_extra_s"])
-    assert by_arm["472M affine_scaled"]["estimate"]["flop_ratio"] == 1  # from today's 472M default arm
-    assert "| 472M default tuned | tuned |" in md and "× default" in md
+    check_part_d(parts["d"]["rows"], md)
     e = parts["e"]["rows"]
     assert [r["method"] for r in e if r["kind"] == "warmup"] == list(init_cost.METHODS)
     builds = [r for r in e if r["kind"] == "build"]
-    assert [(r["size"], r["method"]) for r in builds] == [
-        ("472m", "default"), ("472m", "conditioned"), ("1.72b", "default"), ("1.72b", "conditioned"),
-        ("472m", "mimetic"), ("1.72b", "default"), ("1.72b", "mimetic")]
+    assert [(r["size"], r["method"], r["generator"]) for r in builds] == [
+        ("472m", "default", None), ("472m", "conditioned", "device"), ("472m", "conditioned", "cpu"),
+        ("1.72b", "default", None), ("1.72b", "conditioned", "device"), ("1.72b", "conditioned", "cpu"),
+        ("472m", "mimetic", "device"), ("472m", "mimetic", "cpu"),
+        ("1.72b", "default", None), ("1.72b", "mimetic", "device"), ("1.72b", "mimetic", "cpu")]
     cut = builds[-1]
     assert cut["layers_built"] == min(init_cost.MIMETIC_172B_LAYERS, cut["layers_full"]) and cut["extrapolated_s"] > 0
     assert all(r["vs_default"] > 0 for r in builds)
     assert all(r["check_passed"] for r in builds if r["method"] != "default")
     assert sum(r["kind"] == "draw" for r in e) == 2
+    assert all(r["conditioned_device_s"] > 0 and r["mimetic_device_s"] > 0 for r in e if r["kind"] == "draw")
+
+
+LEVER_ORDER = ["472M today", "472M + padded vocab 64", "472M + chunked CE", "472M + fused AdamW", "472M + TF32",
+               "472M + regional compile", "472M + whole-model compile", "472M all levers"]
+BEST_ORDER = ["472M affine_scaled, best", "472M attention_sink, best", "472M preconditioned, best",
+              "472M spectral, best", "472M conditioned init, best", "1.72B best"]
+
+
+def check_part_d(rows, md):
+    """Part d of the smoke run: the documented order, each lever arm running its lever (read from the trained
+    objects), all levers with the faster compile, the best configuration carried into the search and the best arms."""
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
+
+    no_compile = torch.__version__ < COMPILE_MIN_TORCH
+    refused = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["arm"] for r in train] == LEVER_ORDER + ["472M best, batch 4", "472M best, batch 8"] + BEST_ORDER
+    by = {r["arm"]: r for r in train}
+    compile_arms = ["472M + regional compile", "472M + whole-model compile"]
+    assert [r["arm"] for r in train if "skipped" in r] == (compile_arms if no_compile else [])
+    ran = [r for r in train if "skipped" not in r]
+    for r in ran:
+        assert r["tokens_per_s"] > 0 and r["measured_steps"] == 2 and r["mfu"] is None, r["arm"]  # no peak on CPU
+    # what each arm ran with, read from the model, the optimizer and the Trainer: its levers and no other
+    for r in ran:
+        lv = r["levers"]
+        assert r["real_vocab"] == 250 and r["vocab_rows"] == (256 if lv["pad_vocab"] == 64 else 250), r["arm"]
+        assert (r["loss_forward"] == "lm_head.py:forward") == lv["chunked_ce"], r["arm"]
+        assert r["optimizer"] == ("AdamW(fused=True)" if lv["fused_adamw"] else "AdamW(fused=None)"), r["arm"]
+        assert (r["fp32_matmul"] == "tf32") == lv["tf32"] and r["fp32_matmul"] in ("tf32", "none", "ieee"), r["arm"]
+        compiled = {None: "nothing", "whole": "whole model", "regional": "7 regions"}[lv["compile"]]
+        assert r["compiled"] == compiled and (r["graphs"] is None) == (lv["compile"] is None), r["arm"]
+    today = by["472M today"]
+    assert not any(today["levers"].values()) and today["loss_forward"] == "GPT2LMHeadModel.forward (the model's own)"
+    singles = dict(zip(LEVER_ORDER[1:7], [("pad_vocab", 64), ("chunked_ce", True), ("fused_adamw", True),
+                                          ("tf32", True), ("compile", "regional"), ("compile", "whole")]))
+    for label, (lever, value) in singles.items():
+        assert {k: v for k, v in by[label]["levers"].items() if v} == {lever: value}, label
+    assert all(r["graph_breaks"] == 0 for r in ran if r["levers"]["compile"] == "regional")  # every variant too
+    speeds = {r["levers"]["compile"]: r["tokens_per_s"] for r in ran if r["arm"] in compile_arms}
+    everything = by["472M all levers"]["levers"]
+    assert everything == dict(pad_vocab=64, chunked_ce=True, fused_adamw=True, tf32=True,
+                              compile=max(speeds, key=speeds.get) if speeds else None)
+    levers_stage = [r for r in ran if r["stage"] == "levers"]
+    best = next(r for r in rows if r["kind"] == "best")
+    assert best["arm"] == max(levers_stage, key=lambda r: r["tokens_per_s"])["arm"]
+    search = next(r for r in rows if r["kind"] == "micro_batch")
+    assert search["tried"] == [4, 8] and search["largest_fitting"] == 8 and not search["out_of_memory"]
+    for r in train[len(LEVER_ORDER):]:  # the search and the best arms run in the best configuration
+        expected = dict(best["levers"])
+        if r.get("compile_dropped"):  # a variant the library refuses to compile here runs without it
+            expected["compile"] = None
+        assert r["levers"] == expected, r["arm"]
+    variant = {"spectral": "spectral conditioning"}  # BEST_ARMS' name -> the refusal's
+    assert {r["attention"] for r in train if r.get("compile_dropped")} == (
+        {a for a in ("affine_scaled", "spectral") if variant.get(a, a) in refused} if best["levers"]["compile"]
+        else set())
+    assert [(r["size"], r["batch"]) for r in train[-6:]] == [("472m", 2)] * 5 + [("1.72b", 2)]
+    # planned from a measured arm of the same compile mode; the first arm of each mode from nothing
+    firsts = {r["levers"]["compile"]: r["arm"] for r in reversed(ran) if r["attention"] == "sdpa"}
+    for r in ran:
+        assert (r["estimate"] is None) == (r["arm"] in firsts.values()) and r["arm_wall_s"] > 0, r["arm"]
+    big = by["1.72B best"]["estimate"]
+    assert big["flop_ratio"] > 1 and big["param_ratio"] > 1 and big["reference"] == best["arm"]
+    assert "| 472M all levers | vocab padded to ×64 + chunked CE" in md and "× today" in md
+    assert "| 472M + chunked CE | 250 (250) | `lm_head.py:forward` |" in md and "Best configuration: " in md
 
 
 # --- one failure costs one row -----------------------------------------------------------------------------------
@@ -165,154 +204,239 @@ def test_a_failing_implementation_of_part_c_leaves_the_others_rows(monkeypatch):
     assert "**speed attention_sink 32 failed**" in "\n".join(report._render_c(rows))
 
 
-def test_a_failing_arm_of_part_d_leaves_the_others_rows(monkeypatch):
-    real = training.train_arm
+def _planted_row(torch_, arm, seq, warmup, measured, device, smoke, peak, initial_fp32, **overrides):
+    """A row as `training.train_arm` returns it, without training: full-size shapes counted on the meta device,
+    ``overrides`` planted (tokens/s, the times the planner reads)."""
+    from transformers import AutoModelForCausalLM
 
-    def train_arm(torch_, label, *args, **kwargs):
-        if label == "472M affine_scaled":
-            raise RuntimeError("CUDA out of memory (planted)")
-        return real(torch_, label, *args, **kwargs)
+    from hf_condinit.perf import model_flops_shape, training_flops
 
-    monkeypatch.setattr(training, "train_arm", train_arm)
-    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(a for a in training.TRAIN_ARMS if not a[4]))  # today's only
+    config, _ = training.arm_config(torch, arm, seq, smoke)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    n, layers, width = model_flops_shape(model)
+    return {"kind": "train", "arm": arm.label, "stage": arm.stage, "levers": dataclasses.asdict(arm.levers),
+            "size": arm.size, "attention": arm.attention, "init": arm.init, "batch": arm.batch,
+            "n_params": sum(p.numel() for p in model.parameters()), "layers": layers,
+            "flops_per_step": training_flops(n, layers, width, arm.batch, seq), "build_s": 2.0,
+            "warmup_extra_s": 60.0 if arm.levers.compile else 1.0, "graphs": 6 if arm.levers.compile else None,
+            "seconds_per_step": 0.3, "arm_wall_s": 20.0, "tokens_per_s": 100.0, "levers_text": arm.levers.describe(),
+            "shape": "planted", "mfu": None, "peak_memory_gib": None, "first_loss": None, "last_loss": None,
+            "vocab_rows": config.vocab_size, "real_vocab": config.vocab_size, "loss_forward": "planted",
+            "optimizer": "planted", "compiled": "planted", "fp32_matmul": "planted",
+            "graph_breaks": 0 if arm.levers.compile else None, **overrides}
+
+
+FULL_CTX = dict(smoke=False, device="cpu", threads=1, peak_flops=None)
+
+
+def test_lever_matrix_order_best_configuration_and_plan_with_planted_timings(monkeypatch):
+    """Part d's order and choices with planted timings (no training): the lever arms in the documented order, all
+    levers with the faster compile (planted: whole-model), the best configuration = the fastest lever arm, the
+    micro-batch doubled until a planted CUDA out-of-memory (one row, the search stops there), the best arms in the
+    best configuration (a variant whose compile the library refuses runs without it), and an arm whose estimate
+    exceeds the time left (1.72B: its steps × 4.3 FLOPs) skipped with both numbers while the clock (planted: each arm
+    takes its ``arm_wall_s``) leaves room for the others."""
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
+    if torch.__version__ < COMPILE_MIN_TORCH:
+        pytest.skip("torch.compile is refused below torch 2.7: no compile arm runs (the smoke run covers it)")
+    speed_of = {"472M today": 100.0, "472M + padded vocab 64": 104.0, "472M + chunked CE": 110.0,
+                "472M + fused AdamW": 102.0, "472M + TF32": 101.0, "472M + regional compile": 150.0,
+                "472M + whole-model compile": 170.0, "472M all levers": 230.0}
+    clock = [1000.0]
+
+    def train_arm(torch_, arm, *args):
+        if arm.batch == 64:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB (planted)")
+        row = _planted_row(torch_, arm, *args, tokens_per_s=speed_of.get(arm.label, 200.0))
+        clock[0] += row["arm_wall_s"]
+        return row
+
+    monkeypatch.setattr(matrix, "train_arm", train_arm)
+    monkeypatch.setattr(matrix, "warm_up", lambda *a: None)
+    monkeypatch.setattr(matrix, "clock", lambda: clock[0])
+    monkeypatch.setattr(matrix, "compiled_gradients_match", lambda torch_, impl, *a: dict(
+        match=False, refused="planted refusal") if impl == "affine_scaled" else dict(
+        match=True, backend="inductor", worst="w", worst_rel_err=0.0, zero_compiled_grads=[]))
     rows, record = _rows()
-    training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)  # never too late for 1.72B
+    cap = 400.0
+    matrix.part_d({**FULL_CTX, "started": clock[0], "cap": cap}, record)
     train = [r for r in rows if r["kind"] == "train"]
-    assert [r["arm"] for r in train] == [arm[0] for arm in training.TRAIN_ARMS]
-    assert [r["arm"] for r in train if "error" in r] == ["472M affine_scaled"]
-    assert all(r["tokens_per_s"] > 0 for r in train if "error" not in r)
+    assert [r["arm"] for r in train] == LEVER_ORDER + ["472M best, batch 32", "472M best, batch 64"] + BEST_ORDER
+    by = {r["arm"]: r for r in train}
+    assert by["472M all levers"]["levers"] == dict(pad_vocab=64, chunked_ce=True, compile="whole", fused_adamw=True,
+                                                   tf32=True)
+    best = next(r for r in rows if r["kind"] == "best")
+    assert best["arm"] == "472M all levers" and best["vs_today"] == pytest.approx(2.3)
+    oom = by["472M best, batch 64"]
+    assert oom["error"].startswith("OutOfMemoryError: CUDA out of memory") and oom["levers"] == best["levers"]
+    search = next(r for r in rows if r["kind"] == "micro_batch")
+    assert search["tried"] == [32, 64] and search["largest_fitting"] == 32 and search["out_of_memory"]
+    assert by["472M affine_scaled, best"]["compile_dropped"] == "compile refused on this torch: planted refusal"
+    assert by["472M affine_scaled, best"]["levers"] == {**best["levers"], "compile": None}
+    assert all(by[label]["levers"] == best["levers"] for label in BEST_ORDER[1:])
+    # the plan: each compile mode's first arm from nothing; the rest from a measured arm of their compile mode
+    assert [r["arm"] for r in train if r.get("estimate") is None and "error" not in r] == [
+        "472M today", "472M + regional compile", "472M + whole-model compile"]
+    assert by["472M all levers"]["estimate"]["reference"] == "472M + whole-model compile"
+    assert by["472M affine_scaled, best"]["estimate"]["reference"] == "472M today"  # eager: today's
+    # 1.72B best: the whole compile × 2 (48 / 24 layers), steps × ~4.3 FLOPs: more than the time left
+    big = by["1.72B best"]
+    assert "skipped" in big and big["estimate"]["warmup_extra_s"] == pytest.approx(120.0)
+    left = cap - 20.0 * sum("tokens_per_s" in r for r in train)
+    assert big["estimate"]["seconds"] > left > 0 and f"({left:.0f}s left, ~" in big["skipped"]
+    assert "Largest micro-batch measured in the best configuration: 32" in "\n".join(report._render_d(rows))
+
+
+def test_a_slow_or_failing_arm_costs_one_row(monkeypatch):
+    """An arm that outlives its time limit (a slow compile, planted as a sleep) and an arm that fails are one row
+    each; the arms after them run."""
+    monkeypatch.setattr(matrix, "LEVER_ARMS", matrix.LEVER_ARMS[:4])
+    monkeypatch.setattr(matrix, "BEST_ARMS", ())
+    monkeypatch.setattr(matrix, "MAX_BATCH", {True: matrix.SMOKE_BATCH})  # no micro-batch search
+    monkeypatch.setattr(matrix, "ARM_CAP_S", {True: 0.5})
+    monkeypatch.setattr(matrix, "warm_up", lambda *a: None)
+
+    def train_arm(torch_, arm, *args):
+        if arm.label == "472M + padded vocab 64":
+            time.sleep(30)
+        if arm.label == "472M + chunked CE":
+            raise RuntimeError("CUDA error: an illegal memory access (planted)")
+        return _planted_row(torch_, arm, *args, arm_wall_s=0.1)
+
+    monkeypatch.setattr(matrix, "train_arm", train_arm)
+    rows, record = _rows()
+    t0 = time.perf_counter()
+    matrix.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)
+    assert time.perf_counter() - t0 < 10
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["arm"] for r in train] == LEVER_ORDER[:4] + ["472M all levers"]
+    assert train[1]["error"].startswith("ArmTimeout: 472M + padded vocab 64 cut at its 0.5 s limit")
+    assert "planted" in train[2]["error"] and all("tokens_per_s" in r for r in train if r not in train[1:3])
     assert "**failed**" in "\n".join(report._render_d(rows))
 
 
 def test_compiled_gradients_checked_before_a_compiled_arm_is_timed(monkeypatch):
     """Part d's compile check: every variant's compiled gradients match eager's on the CPU (aot_eager); a backend that
-    changes the gradient (planted: the graph's outputs scaled) fails it, and a tuned arm whose check fails is not
-    timed; below torch 2.7 (no compile: `COMPILE_MIN_TORCH`) a tuned arm is skipped with the torch it needs."""
+    changes the gradient (planted: the graph's outputs scaled) fails it. A compile lever arm whose check fails is
+    not timed; a variant in the best configuration runs without the compile, its row saying why; below torch 2.7 (no
+    compile: `COMPILE_MIN_TORCH`) both happen with the torch it needs as the reason."""
     from hf_condinit.attention._common import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
 
-    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(a for a in training.TRAIN_ARMS if a[2] == "attention_sink"))
-    monkeypatch.setattr(training, "train_arm", lambda *a, **k: pytest.fail("a failed compile check's arm was timed"))
-    if torch.__version__ < COMPILE_MIN_TORCH:
-        rows, record = _rows()
-        training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)
-        assert [r["kind"] for r in rows if r["kind"] != "settings"] == ["train"]
-        assert rows[-1]["skipped"].startswith("torch.compile needs torch >= 2.7")
-        return
-    refused_here = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
-    for impl in ("attention_sink", "affine_scaled"):
-        check = training.compiled_gradients_match(torch, impl, torch.device("cpu"), "aot_eager")
-        assert check["match"] == (impl not in refused_here) and ("refused" in check) == (impl in refused_here), impl
+    ran = []
+    monkeypatch.setattr(matrix, "train_arm",
+                        lambda torch_, arm, *a: ran.append(arm) or _planted_row(torch_, arm, *a))
+    lever = training.Arm("472M + regional compile", "472m", "attention_sink", "default",
+                         training.Levers(compile="regional"), 2, "levers")
+    variant = training.Arm("472M attention_sink, best", "472m", "attention_sink", "default",
+                           training.Levers(pad_vocab=64, compile="regional"), 2, "best")
+    ctx = {**SMOKE_CTX, "started": time.time(), "cap": 1e6}
+    if torch.__version__ >= COMPILE_MIN_TORCH:
+        refused_here = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
+        for impl in ("attention_sink", "affine_scaled"):
+            check = training.compiled_gradients_match(torch, impl, torch.device("cpu"), "aot_eager")
+            assert check["match"] == (impl not in refused_here) and ("refused" in check) == (impl in refused_here)
 
-    def scaled(gm, example_inputs):  # a wrong compiler: every output of the captured graph × 1.5
-        def run(*args):
-            out = gm(*args)
-            return type(out)(o * 1.5 if torch.is_tensor(o) and o.is_floating_point() else o for o in out)
-        return run
+        def scaled(gm, example_inputs):  # a wrong compiler: every output of the captured graph × 1.5
+            def run(*args):
+                out = gm(*args)
+                return type(out)(o * 1.5 if torch.is_tensor(o) and o.is_floating_point() else o for o in out)
+            return run
 
-    wrong = training.compiled_gradients_match(torch, "attention_sink", torch.device("cpu"), scaled)
-    assert not wrong["match"] and wrong["worst_rel_err"] > 0.1
-    monkeypatch.setattr(training, "compiled_gradients_match", lambda *a, **k: dict(match=False, worst="planted"))
+        wrong = training.compiled_gradients_match(torch, "attention_sink", torch.device("cpu"), scaled)
+        assert not wrong["match"] and wrong["worst_rel_err"] > 0.1
+        monkeypatch.setattr(matrix, "compiled_gradients_match", lambda *a, **k: dict(match=False, worst="planted"))
     rows, record = _rows()
-    training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)
-    assert [r["kind"] for r in rows if r["kind"] != "settings"] == ["compile_check", "train"]
-    assert "compiled gradients differ" in rows[-1]["skipped"]
-    rows[1].update(attention="attention_sink", backend="aot_eager", worst_rel_err=0.5, zero_compiled_grads=[])
-    assert "Compiled gradients of attention_sink (aot_eager) **differ from eager's**" in "\n".join(report._render_d(rows))
+    runner_ = matrix.Runner(torch, ctx, record, 16, 2, 2)
+    assert runner_.run(lever) is None and runner_.run(variant)["compile_dropped"] == runner_.last["compile_dropped"]
+    reason = ("torch.compile needs torch >= 2.7" if torch.__version__ < COMPILE_MIN_TORCH
+              else "compiled gradients differ")
+    assert [r["kind"] for r in rows] == ([] if torch.__version__ < COMPILE_MIN_TORCH else ["compile_check"]) + [
+        "train", "train"]
+    assert rows[-2]["skipped"].startswith(reason) and rows[-1]["compile_dropped"].startswith(reason)
+    assert ran == [dataclasses.replace(variant, levers=training.Levers(pad_vocab=64))]  # timed once, eager
+    if torch.__version__ >= COMPILE_MIN_TORCH:
+        rows[0].update(attention="attention_sink", backend="aot_eager", worst_rel_err=0.5, zero_compiled_grads=[])
+        assert "Compiled gradients of attention_sink (aot_eager) **differ from eager's**" in "\n".join(
+            report._render_d(rows))
 
 
-def test_compile_refused_by_the_library_is_a_skipped_arm_not_an_error(monkeypatch):
+def test_compile_refused_by_the_library_is_not_an_error(monkeypatch):
     """Where the library refuses to compile a variant on the running torch (torch 2.11: affine_scaled and spectral,
     `COMPILE_WRONG_GRADIENTS`; planted here for this torch), part d neither compiles it nor reports an error: the
-    compile_check row carries the refusal's line, the tuned arm is skipped with it, and the report says so; the
-    other variants are checked as before."""
+    compile_check row carries the refusal's line, a compile lever arm of it is skipped with it, its best-configuration
+    arm runs without the compile, and the report says so; the other variants are checked as before."""
     from hf_condinit.attention import _common
 
     if torch.__version__ < _common.COMPILE_MIN_TORCH:
         pytest.skip("torch.compile is refused below torch 2.7 for every variant (the other test covers it)")
     here = tuple(int(x) for x in torch.__version__.split(".")[:2])
     monkeypatch.setitem(_common.COMPILE_WRONG_GRADIENTS, here, ("affine_scaled",))
-    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(a for a in training.TRAIN_ARMS if a[2] == "affine_scaled"
-                                                      and a[4]))
-    monkeypatch.setattr(training, "train_arm", lambda *a, **k: pytest.fail("a refused compiled arm was timed"))
+    monkeypatch.setattr(matrix, "train_arm", lambda torch_, arm, *a: _planted_row(torch_, arm, *a))
     rows, record = _rows()
-    training.part_d({**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record)
-    kinds = [r["kind"] for r in rows if r["kind"] != "settings"]
-    assert kinds == ["compile_check", "train"] and not any("error" in r for r in rows)
-    assert "gives wrong gradients on torch" in rows[1]["refused"] and rows[1]["match"] is False
-    assert rows[2]["skipped"].startswith("compile refused on this torch: hf_condinit: torch.compile of a model with")
+    runner_ = matrix.Runner(torch, {**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record, 16, 2, 2)
+    levers = training.Levers(compile="whole")
+    assert runner_.run(training.Arm("lever", "472m", "affine_scaled", "default", levers, 2, "levers")) is None
+    row = runner_.run(training.Arm("best", "472m", "affine_scaled", "default", levers, 2, "best"))
+    assert [r["kind"] for r in rows] == ["compile_check", "train", "train"] and not any("error" in r for r in rows)
+    assert "gives wrong gradients on torch" in rows[0]["refused"] and rows[0]["match"] is False
+    assert rows[1]["skipped"].startswith("compile refused on this torch: hf_condinit: torch.compile of a model with")
+    assert row["levers"]["compile"] is None and row["compile_dropped"] == rows[1]["skipped"]
     assert "Compiled affine_scaled: refused on this torch" in "\n".join(report._render_d(rows))
     assert "refused" not in training.compiled_gradients_match(torch, "attention_sink", torch.device("cpu"),
                                                               "aot_eager")
 
 
-def test_planner_scales_build_by_parameters_compilation_by_graphs_and_steps_by_flops(monkeypatch):
-    """Part d's plan from the measured 472M tuned arm (its parts planted; full-size shapes, counted on the meta
-    device): the 1.72B tuned arm needs the same compilation (regional compilation compiles the same 6 graphs at any
-    depth and width), its build × the parameter ratio, its steps × the FLOP ratio. The old plan scaled everything but
-    the steps by the parameters (here 467 s against 165 s) and skipped the arm in a part with 175 s left; now it runs,
-    an arm that does not fit (1.72B at batch 16, 184 s) is skipped with both numbers, and the next arm that fits
-    runs."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def test_planner_scales_build_by_parameters_compilation_by_graphs_or_layers_and_steps_by_flops():
+    """The estimate of a 1.72B arm from a measured 472M arm (its parts planted; full-size shapes, counted on the meta
+    device): its build × the parameter ratio, its steps × the FLOP ratio; its compilation the same under regional
+    compilation (the same 6 graphs at any depth and width), × 2 under a whole-model compile (48 / 24 layers), and
+    unchanged for an eager arm."""
+    from transformers import AutoModelForCausalLM
 
-    from _gpu_check.common import gpt2_json
-    from hf_condinit.perf import model_flops_shape, training_flops
+    def arm(size, batch, compile_, pad=None):
+        levers = training.Levers(pad_vocab=pad, compile=compile_)
+        return training.Arm("x", size, "sdpa", "default", levers, batch, "best")
 
+    steps = 25
+    reference = {**_planted_row(torch, arm("472m", 16, "regional"), 1024, 5, 20, CPU, False, None, None),
+                 "arm": "472M ref", "build_s": 5.0, "warmup_extra_s": 120.0,
+                 "arm_wall_s": 5.0 + 120.0 + 0.3 * steps + 8}
     with torch.device("meta"):
-        small = AutoModelForCausalLM.from_config(AutoConfig.for_model(**gpt2_json("472m", False)))
-    steps = 40
-    reference = dict(kind="train", arm="472M default tuned", size="472m", attention="sdpa", init="default",
-                     batch=16, tuned=True, n_params=sum(p.numel() for p in small.parameters()),
-                     flops_per_step=training_flops(*model_flops_shape(small), 16, 1024), build_s=5.0,
-                     warmup_extra_s=120.0, graphs=6, seconds_per_step=0.3, arm_wall_s=5.0 + 120.0 + 0.3 * steps + 8.0)
+        small = AutoModelForCausalLM.from_config(training.arm_config(torch, arm("472m", 16, None), 1024, False)[0])
     assert training.regional_graphs(small) == 6  # wte, wpe, drop, the blocks, ln_f, lm_head
-    big = training.estimate_seconds(torch, reference, "1.72b", 8, 1024, False, steps, tuned=True)
+    big = training.estimate_seconds(torch, reference, arm("1.72b", 8, "regional"), 1024, False, steps)
     assert big["graphs"] == 6 and big["warmup_extra_s"] == 120.0 and big["other_s"] == pytest.approx(8.0)
     assert big["build_s"] == pytest.approx(5.0 * big["param_ratio"]) and 3.3 < big["param_ratio"] < 3.4
-    assert big["steps_s"] == pytest.approx(0.3 * big["flop_ratio"] * steps)
-    assert big["seconds"] == pytest.approx(big["build_s"] + 120.0 + big["steps_s"] + 8.0) and big["seconds"] < 170
-    today = training.estimate_seconds(torch, {**reference, "tuned": False}, "1.72b", 8, 1024, False, steps, False)
-    assert today["graphs"] is None and today["warmup_extra_s"] == 120.0  # today's first-step extra: unscaled
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH
-
-    if torch.__version__ < COMPILE_MIN_TORCH:  # no tuned arm runs there (test_compiled_gradients_checked_...)
-        return
-    arms = [a for a in training.TRAIN_ARMS if a[0] in (
-        "472M default tuned", "1.72B default tuned", "1.72B default tuned, batch 16", "472M spectral tuned")]
-    monkeypatch.setattr(training, "TRAIN_ARMS", tuple(arms))
-    monkeypatch.setattr(training, "compiled_gradients_match", lambda *a, **k: dict(match=True))
-    timed = []
-
-    def train_arm(torch_, label, size, impl, init, batch, *args, **kwargs):
-        timed.append(label)
-        return {**reference, "arm": label, "size": size, "attention": impl, "batch": batch}
-
-    monkeypatch.setattr(training, "train_arm", train_arm)
-    monkeypatch.setattr(training, "warm_up", lambda *a: None)
-    rows, record = _rows()
-    training.part_d({"smoke": False, "device": "cpu", "threads": 1, "started": time.time(), "cap": 175,
-                     "peak_flops": None}, record)
-    assert timed == ["472M default tuned", "1.72B default tuned", "472M spectral tuned"]
-    skipped = next(r for r in rows if "skipped" in r)
-    assert skipped["arm"] == "1.72B default tuned, batch 16" and skipped["estimate"]["seconds"] > 175
-    assert "estimated" in skipped["skipped"] and "s left" in skipped["skipped"]
+    assert big["steps_s"] == pytest.approx(0.3 * big["flop_ratio"] * steps) and big["reference"] == "472M ref"
+    assert big["seconds"] == pytest.approx(big["build_s"] + 120.0 + big["steps_s"] + 8.0)
+    whole = training.estimate_seconds(torch, reference, arm("1.72b", 8, "whole"), 1024, False, steps)
+    assert whole["warmup_extra_s"] == pytest.approx(240.0) and whole["graphs"] is None
+    today = training.estimate_seconds(torch, reference, arm("1.72b", 8, None), 1024, False, steps)
+    assert today["warmup_extra_s"] == 120.0  # an eager arm's first-step extra: unscaled
+    padded = training.estimate_seconds(torch, reference, arm("472m", 16, "regional", pad=64), 1024, False, steps)
+    assert padded["flop_ratio"] > 1 and padded["param_ratio"] == pytest.approx((50304 - 50257) * 1280 /
+                                                                               reference["n_params"] + 1)
 
 
 def test_a_failing_build_of_part_e_leaves_the_others_rows(monkeypatch):
     real = init_cost._build
 
-    def build(torch_, config, method, device):
-        if method == "conditioned" and config.n_embd == 64:  # the (smoke) 472M conditioned builds
+    def build(torch_, config, method, device, generator):
+        if method == "conditioned" and generator == "device" and config.n_embd == 64:  # (smoke) 472M, device mode
             raise RuntimeError("cusolver error (planted)")
-        return real(torch_, config, method, device)
+        return real(torch_, config, method, device, generator)
 
     monkeypatch.setattr(init_cost, "_build", build)
     rows, record = _rows()
     init_cost.part_e(SMOKE_CTX, record)
-    failed = {(r["kind"], r["size"], r["method"]) for r in rows if "error" in r}
-    assert failed == {("warmup", "472m", "conditioned"), ("build", "472m", "conditioned")}
-    built = {(r["size"], r["method"]) for r in rows if r["kind"] == "build" and "error" not in r}
-    assert built == {("472m", "default"), ("1.72b", "default"), ("1.72b", "conditioned"), ("472m", "mimetic"),
-                     ("1.72b", "mimetic")}
+    failed = {(r["kind"], r["size"], r["method"], r.get("generator")) for r in rows if "error" in r}
+    assert failed == {("warmup", "472m", "conditioned", None), ("build", "472m", "conditioned", "device")}
+    built = {(r["size"], r["method"], r["generator"]) for r in rows if r["kind"] == "build" and "error" not in r}
+    assert built == {("472m", "default", None), ("1.72b", "default", None),
+                     *((size, method, g) for size in ("472m", "1.72b") for method in ("conditioned", "mimetic")
+                       for g in ("device", "cpu") if (size, method, g) != ("472m", "conditioned", "device"))}
     assert sum(r["kind"] == "draw" for r in rows) == 2
 
 

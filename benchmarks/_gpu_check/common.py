@@ -67,6 +67,30 @@ def row_on_error(record, device, **fields):
         record(**fields, error=failure[0], traceback=failure[1])
 
 
+class ArmTimeout(Exception):
+    """Raised in the part's main thread when a measurement outlives its :func:`time_limit`."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str = "arm"):
+    """Raise :class:`ArmTimeout` in the block once ``seconds`` have passed (``SIGALRM``, main thread only), and again
+    every 5 s after that until the block ends (a library that catches the first one, e.g. a compiler falling back,
+    does not keep the block running): a slow compile or a slower-than-planned arm costs its own row (with
+    :func:`row_on_error`), not the rest of the part."""
+    import signal
+
+    def fire(signum, frame):
+        raise ArmTimeout(f"{what} cut at its {seconds:.3g} s limit (a compile or its steps took longer than planned)")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), 5.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def shape_of(config) -> str:
     return f"{config.n_layer}×{config.n_embd} ({config.n_head} heads)"
 
@@ -78,5 +102,5 @@ def gpt2_json(size: str, smoke: bool) -> dict:
         raw = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
     if smoke:
         raw.update({"472m": dict(n_layer=2, n_embd=64, n_head=4), "1.72b": dict(n_layer=2, n_embd=96, n_head=6)}[size],
-                   vocab_size=256, n_positions=64)
+                   vocab_size=250, n_positions=64)  # 250: padding to a multiple of 64 adds rows, as at 50,257
     return raw

@@ -170,48 +170,70 @@ def _render_d(rows):
     st = next((r for r in rows if r.get("kind") == "settings"), None)
     L = []
     if st:
-        L.append(f"{st['runner']}, {st['precision']}, {st['optimizer']}, gradient checkpointing "
-                 f"{st['gradient_checkpointing']}, sequence {st['seq']}, {st['warmup_steps']} warm-up + "
-                 f"{st['measured_steps']} measured steps; {st['timing']}. Tuned = today's {st.get('tuned', '')}. "
-                 "MFU = (6·N + 12·L·D·T) FLOPs per token (hf_condinit.perf) over the table's peak; × default = "
-                 "tokens/s over the 472M default arm of the same configuration.\n")
+        L.append(f"{st['runner']}, {st['precision']}, gradient checkpointing {st['gradient_checkpointing']}, sequence "
+                 f"{st['seq']}, {st['warmup_steps']} warm-up + {st['measured_steps']} measured steps per arm (each "
+                 f"under a {st['arm_cap_s']:.0f} s limit); {st['timing']}. Today = {st['today']}; compiled arms: "
+                 f"Trainer torch_compile, backend {st['compile_backend']}. MFU = (6·N + 12·L·D·T) FLOPs per token "
+                 "(hf_condinit.perf) over the table's peak; × today = tokens/s over the 472M today arm (472M rows).\n")
     for r in (r for r in rows if r.get("kind") == "compile_check"):
         if "error" in r:
             L.append(f"Compiled gradients of {r['attention']}: **check failed**: `{r['error'][:200]}`\n")
         elif r.get("refused"):
-            L.append(f"Compiled {r['attention']}: refused on this torch, its tuned arm is not timed: `{r['refused']}`\n")
+            L.append(f"Compiled {r['attention']}: refused on this torch, its arms run without compile: "
+                     f"`{r['refused']}`\n")
         else:
-            verdict = "match eager's" if r["match"] else "**differ from eager's** (its tuned arm is not timed)"
+            verdict = "match eager's" if r["match"] else "**differ from eager's** (its arms run without compile)"
             zeroed = f"; zero where eager's are not: {', '.join(r['zero_compiled_grads'])}" if r[
                 "zero_compiled_grads"] else ""
             L.append(f"Compiled gradients of {r['attention']} ({r['backend']}) {verdict}: worst {r['worst']}, relative "
                      f"error {r['worst_rel_err']:.1e}{zeroed}.\n")
     train = [r for r in rows if r.get("kind") == "train"]
-    refs = {r.get("tuned"): r["tokens_per_s"] for r in train
-            if r.get("size") == "472m" and r.get("attention") == "sdpa" and r.get("init") == "default"
-            and r.get("tokens_per_s") and "error" not in r}
+    today = next((r["tokens_per_s"] for r in train if r.get("stage") == "levers" and r.get("tokens_per_s")
+                  and not any(r["levers"].values())), None)
     if train:
-        L.append("| arm | config | shape | batch | tokens/s | × default | s/step | TFLOP/s | MFU | peak GiB | "
-                 "build s | graphs / breaks | loss first → last |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| arm | levers | shape | batch | tokens/s | × today | MFU | peak GiB | s/step | graphs / breaks | "
+                 "build s | loss first → last |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in train:
-            config = "tuned" if r.get("tuned") else "today's"
+            levers = r.get("levers_text") or ", ".join(k for k, v in r.get("levers", {}).items() if v) or "today"
             if "skipped" in r or "error" in r:
                 what = f"skipped: {r['skipped']}" if "skipped" in r else f"**failed**: `{r['error'][:200]}`"
-                L.append(f"| {r['arm']} | {config} | {what} |  |  |  |  |  |  |  |  |  |  |")
+                L.append(f"| {r['arm']} | {levers} | {what} |  |  |  |  |  |  |  |  |  |")
                 continue
+            if r.get("compile_dropped"):
+                levers += " (no compile: see its compile_check)"
             mfu = f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "– (peak unknown)"
-            ref = refs.get(r.get("tuned")) if r.get("size") == "472m" else None
+            ratio = r["tokens_per_s"] / today if today and r.get("size") == "472m" else None
             graphs = f"{r['graphs']} / {r['graph_breaks']}" if r.get("graphs") is not None else "–"
-            L.append(f"| {r['arm']} | {config} | {r['shape']} | {r['batch']} | {_fmt(r['tokens_per_s'], '.0f')} | "
-                     f"{_fmt(r['tokens_per_s'] / ref if ref else None, '.2f')} | "
-                     f"{_fmt(r['seconds_per_step'], '.3f')} | {_fmt(r['tflops'], '.1f')} | {mfu} | "
-                     f"{_fmt(r['peak_memory_gib'], '.1f', '– (CPU)')} | {r['build_s']:.1f} | {graphs} | "
+            L.append(f"| {r['arm']} | {levers} | {r['shape']} | {r['batch']} | {_fmt(r['tokens_per_s'], '.0f')} | "
+                     f"{_fmt(ratio, '.2f')} | {mfu} | {_fmt(r['peak_memory_gib'], '.1f', '– (CPU)')} | "
+                     f"{_fmt(r['seconds_per_step'], '.3f')} | {graphs} | {r['build_s']:.1f} | "
                      f"{_fmt(r['first_loss'], '.3f')} → {_fmt(r['last_loss'], '.3f')} |")
-        for r in train:
-            if r.get("estimate") and "skipped" not in r:
-                L.append(f"\n{r['arm']}: run after an estimate of {r['estimate']['seconds']:.0f} s "
-                         f"({r['estimate']['how']}); it took {_fmt(r.get('arm_wall_s'), '.0f')} s.")
+        ran = [r for r in train if "tokens_per_s" in r]
+        if ran:
+            L.append("\nWhat each arm ran with (read from the trained model, optimizer and Trainer):\n")
+            L.append("| arm | vocabulary rows (real) | loss forward | optimizer | compiled | fp32 matmul |")
+            L.append("|---|---|---|---|---|---|")
+            for r in ran:
+                L.append(f"| {r['arm']} | {r['vocab_rows']} ({r['real_vocab']}) | `{r['loss_forward']}` | "
+                         f"{r['optimizer']} | {r['compiled']} | {r['fp32_matmul']} |")
+            for r in ran:
+                if r.get("graph_breaks"):
+                    L.append(f"\n{r['arm']}: {r['graph_breaks']} graph breaks: "
+                             + "; ".join(f"`{why[:150]}`" for why in r.get("graph_break_reasons") or []))
+    best = next((r for r in rows if r.get("kind") == "best"), None)
+    if best and best.get("arm"):
+        L.append(f"\nBest configuration: {best['arm']} ({best['levers_text']}), {best['tokens_per_s']:.0f} tokens/s"
+                 + (f", {best['vs_today']:.2f}× today" if best.get("vs_today") else "") + ".")
+    search = next((r for r in rows if r.get("kind") == "micro_batch"), None)
+    if search:
+        L.append(f"\nLargest micro-batch measured in the best configuration: {search['largest_fitting']} (tried "
+                 f"{', '.join(map(str, search['tried'])) or 'none'}; stopped: {search['stopped'][:200]}"
+                 + ("; out of memory" if search["out_of_memory"] else "") + ").")
+    for r in train:
+        if r.get("estimate") and "skipped" not in r:
+            L.append(f"\n{r['arm']}: run after an estimate of {r['estimate']['seconds']:.0f} s "
+                     f"({r['estimate']['how']}); it took {_fmt(r.get('arm_wall_s'), '.0f')} s.")
     return L + _error_rows(rows, ("train_estimate",))
 
 
