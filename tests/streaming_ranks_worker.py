@@ -13,6 +13,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from accelerate import skip_first_batches  # noqa: E402
 from transformers import (  # noqa: E402
     AutoTokenizer,
     GPT2Config,
@@ -42,7 +43,7 @@ def main(text, tokenizer_dir, out, group_rows, batch):
     trainer = CondInitTrainer(model=model, args=args, train_dataset=train, data_collator=default_data_collator)
     loader = iter(trainer.get_train_dataloader())
     batches = [next(loader)["input_ids"].tolist() for _ in range(3)]
-    resumed = next(iter(trainer.get_resumed_dataloader(trainer.get_train_dataloader(), 2)))["input_ids"].tolist()
+    resumed = next(iter(skip_first_batches(trainer.get_train_dataloader(), 2)))["input_ids"].tolist()  # as Trainer resumes
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"world_size": world, "blocks": blocks, "batches": batches, "resumed": resumed}, f)
 
