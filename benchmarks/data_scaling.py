@@ -9,7 +9,7 @@ rows (the limit: no ``datasets``, no packing).
 
     # the scale: one corpus repeated to ~200M tokens, cached at 1 and 2 workers, streamed, the limit
     python benchmarks/data_scaling.py --corpora enwiki-2920-articles --scale_tokens 200000000 --workers 1 2 \\
-        --work /scratch/data_scaling --out benchmarks/results/data_scaling_200m
+        --work /scratch/data_scaling --out benchmarks/results/data_scaling/200m
 
 Each corpus is the concatenation of its shared files, repeated whole (``--scale_tokens N``: until it holds about N
 tokens, estimated from its first MiB) and written to ``--work`` (a temporary folder by default, deleted at the end;
