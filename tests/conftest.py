@@ -25,6 +25,24 @@ def _hooks_installed():
     hf_condinit.hooks.install()
 
 
+#: What a launcher (torchrun, deepspeed) sets; an in-process DeepSpeed set-up (``TrainingArguments(deepspeed=...)``)
+#: writes them into ``os.environ`` for a one-process job.
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _launcher_env_restored():
+    """A test that sets up DeepSpeed in-process must not leave ``LOCAL_RANK`` & co. behind: a later test's script
+    subprocess would inherit them and start as a rank of a distributed job (accelerate then warns on stderr)."""
+    before = {name: os.environ.get(name) for name in LAUNCHER_ENV}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="module")
 def ts_file(tmp_path_factory):
     """The first 1500 lines of the TinyStories sample (about 190 kB), written to a temporary file."""
