@@ -25,6 +25,8 @@ gradients (softmax − one-hot) for the hidden states and the weight (Liger-Kern
 scheme, in torch); the backward only scales the stored gradients. Peak memory: one ``(chunk_tokens, V)`` fp32 block
 instead of the bf16 logits, their fp32 copy and both gradients. Same reduction as transformers' ``ForCausalLMLoss``
 (labels shifted inside, ``-100`` ignored, sum / ``num_items_in_batch`` when given, else the mean over counted targets).
+The head's weight is read outside the head's own forward: under DeepSpeed ZeRO-3 it is registered as an external
+parameter of the model (gathered for the model's forward and backward); FSDP2's root owns and unshards it.
 """
 
 from __future__ import annotations
@@ -200,4 +202,18 @@ def use_chunked_lm_head_loss(model: nn.Module, real_vocab: int | None = None,
                               attentions=getattr(out, "attentions", None))
 
     model.forward = types.MethodType(forward, model)
+    _gather_head_in_forward(model, head)
     return model
+
+
+def _gather_head_in_forward(model: nn.Module, head: nn.Linear) -> None:
+    """Under DeepSpeed ZeRO-3 (the head's weight carries a ``ds_id``), register the head's parameters as external
+    parameters of ``model``: ZeRO-3 then gathers them for ``model``'s whole forward and backward, where the chunked
+    loss reads them outside the head's own forward, and releases them after. Elsewhere (plain, DDP, ZeRO-1/2; FSDP2,
+    whose root unshards the embeddings and head it owns for the root's forward) nothing is needed."""
+    params = [p for p in (head.weight, head.bias) if p is not None and hasattr(p, "ds_id")]
+    if params:
+        import deepspeed
+
+        for param in params:
+            deepspeed.zero.register_external_parameter(model, param)

@@ -125,6 +125,9 @@ def runs(tmp_path_factory):
                         "--resume_from_checkpoint", str(where / "affine" / "checkpoint-2")]),
         *[job(tag, [*clm(VARIANTS[tag], PER_RANK), *_fsdp("gpt2-472m"), "--save_strategy", "no"])
           for tag in ("sink", "precond", "spectral")],
+        # issue 36: the chunked LM-head loss reads the head's weight outside its forward, under full_shard
+        job("chunked", [*clm(VARIANTS["precond"], PER_RANK), *_fsdp("gpt2-1.72b"), "--save_strategy", "no",
+                        "--lm_head_ce", "chunked"]),
         job("loaded", ["--use_cpu", "--model_name_or_path", str(where / "affine"), "--train_file",
                        _mqar_text(where / "mqar.txt"), "--block_size", "32", "--do_train", "--max_steps", "1",
                        "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
@@ -186,8 +189,8 @@ def multi_process(test):
 @multi_process
 def test_every_job_ran_under_fsdp2(runs):
     where, log = runs
-    # affine, resumed, sigterm, sigterm-rerun
-    assert log.count("launched by torchrun: world size 2, device cpu, FSDP2 full_shard") == 4
+    # affine, resumed, chunked, sigterm, sigterm-rerun
+    assert log.count("launched by torchrun: world size 2, device cpu, FSDP2 full_shard") == 5
     assert log.count("launched by torchrun: world size 2, device cpu, FSDP2 shard_grad_op") == 6
     assert "runs as DDP" not in log
     assert (where / "affine" / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # written by FSDP's save only
@@ -221,6 +224,16 @@ def test_variant_trains_like_one_process(runs, tag):
     init = torch.load(where / f"{tag}-single-init-rank0.pt")
     moved = max((single[k] - init[k]).abs().max().item() for k in single if single[k].is_floating_point())
     assert moved > 1e-3  # the steps did change the model: the comparison is not between two initial states
+
+
+@multi_process
+def test_chunked_lm_head_loss_trains_like_the_models_own(runs):
+    """``--lm_head_ce chunked`` under FSDP2 full_shard (the 1.72B config): the ranks agree and end where one process
+    with the model's own loss does (the preconditioned job's reference), up to the losses' fp32 rounding."""
+    where, _ = runs
+    ranks = _dumps(where, "chunked")
+    assert rank_mismatches(ranks) == []
+    _assert_close_to(ranks[0], torch.load(where / "precond-single-final-rank0.pt"), 1e-5, "chunked")
 
 
 @multi_process

@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # noqa: E4
 from hf_condinit.attention._common import COMPILE_MIN_TORCH  # noqa: E402
 from hf_condinit.scripts_common import UsageError  # noqa: E402
 
-from utils import REPO, load_script  # noqa: E402
+from utils import load_script  # noqa: E402
 
 run_clm = load_script("run_clm.py")
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -133,10 +133,10 @@ def test_tf32_flag_sets_torchs_tf32_precision_where_cuda_has_it(tmp_path, monkey
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--deepspeed", str(REPO / "ds_configs" / "zero3.json")], "ZeRO-3 partitions"),
+    (["--fsdp", "full_shard", "--fsdp_config", '{"fsdp_version": 1}'], "tested under FSDP2 only"),
     (["--model_type", "cohere"], "needs logits = lm_head.*logit_scale"),  # Cohere scales its logits
     (["--pad_vocab_to_multiple_of", "0"], "pad_vocab_to_multiple_of"),
-], ids=["zero3", "transformed-logits", "pad-0"])
+], ids=["fsdp1", "transformed-logits", "pad-0"])
 def test_levers_refused_before_any_work(tmp_path, monkeypatch, extra, message):
     def boom(*args, **kwargs):
         raise AssertionError("model or data work started")

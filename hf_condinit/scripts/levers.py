@@ -39,25 +39,22 @@ class SpeedLeverArguments:
 
 def check_speed_levers(lever_args: SpeedLeverArguments, training_args, config) -> None:
     """Raise :class:`UsageError` for a lever the run cannot take: the chunked loss for a model of ``config`` whose
-    logits are transformed after the head, or under ZeRO-3 / FSDP (it reads the head's weight outside the head's own
-    forward, where they leave it partitioned)."""
+    logits are transformed after the head, or under FSDP1 (untested; the loss reads the head's weight outside the
+    head's own forward). Under ZeRO-3 the head's parameters are registered as the model's external parameters
+    (:mod:`hf_condinit.lm_head`); FSDP2's root unshards the embeddings and head it owns for the root's forward."""
     if lever_args.lm_head_ce != "chunked":
         return
-    from transformers.integrations import is_deepspeed_zero3_enabled
-
     from ..lm_head import chunked_loss_refusal
+    from .launch import fsdp_version
 
     refusal = chunked_loss_refusal(config)
     if refusal:
         raise UsageError(f"--lm_head_ce chunked needs logits = lm_head(last hidden state): {refusal}; "
                          "use --lm_head_ce default.")
 
-    if training_args.deepspeed and is_deepspeed_zero3_enabled():
-        raise UsageError("--lm_head_ce chunked reads the LM head's weight outside its forward, which ZeRO-3 "
-                         "partitions; use ZeRO-2 (ds_configs/zero2.json) or DDP, or --lm_head_ce default.")
-    if training_args.fsdp:
-        raise UsageError("--lm_head_ce chunked reads the LM head's weight outside its forward, which FSDP shards; "
-                         "use DDP or ZeRO-2, or --lm_head_ce default.")
+    if fsdp_version(training_args) == 1:
+        raise UsageError("--lm_head_ce chunked is tested under FSDP2 only; set \"fsdp_version\": 2 in the "
+                         "--fsdp_config (fsdp_configs/), or use --lm_head_ce default.")
 
 
 def apply_speed_levers(model, lever_args: SpeedLeverArguments, tokenizer_size: int):
