@@ -107,8 +107,8 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
 
 LEVER_ORDER = ["472M today", "472M + padded vocab 64", "472M + chunked CE", "472M + fused AdamW", "472M + TF32",
                "472M + regional compile", "472M + whole-model compile", "472M all levers"]
-BEST_ORDER = ["472M affine_scaled, best", "472M attention_sink, best", "472M preconditioned, best",
-              "472M spectral, best", "472M conditioned init, best", "1.72B best"]
+BEST_ORDER = ["1.72B best", "472M affine_scaled, best", "472M attention_sink, best", "472M preconditioned, best",
+              "472M spectral, best", "472M conditioned init, best"]
 
 
 def check_part_d(rows, md):
@@ -119,7 +119,7 @@ def check_part_d(rows, md):
     no_compile = torch.__version__ < COMPILE_MIN_TORCH
     refused = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
     train = [r for r in rows if r["kind"] == "train"]
-    assert [r["arm"] for r in train] == LEVER_ORDER + ["472M best, batch 4", "472M best, batch 8"] + BEST_ORDER
+    assert [r["arm"] for r in train] == LEVER_ORDER + BEST_ORDER + ["472M best, batch 4", "472M best, batch 8"]
     by = {r["arm"]: r for r in train}
     compile_arms = ["472M + regional compile", "472M + whole-model compile"]
     assert [r["arm"] for r in train if "skipped" in r] == (compile_arms if no_compile else [])
@@ -151,7 +151,7 @@ def check_part_d(rows, md):
     assert best["arm"] == max(levers_stage, key=lambda r: r["tokens_per_s"])["arm"]
     search = next(r for r in rows if r["kind"] == "micro_batch")
     assert search["tried"] == [4, 8] and search["largest_fitting"] == 8 and not search["out_of_memory"]
-    for r in train[len(LEVER_ORDER):]:  # the search and the best arms run in the best configuration
+    for r in train[len(LEVER_ORDER):]:  # the best arms and the search run in the best configuration
         expected = dict(best["levers"])
         if r.get("compile_dropped"):  # a variant the library refuses to compile here runs without it
             expected["compile"] = None
@@ -160,7 +160,8 @@ def check_part_d(rows, md):
     assert {r["attention"] for r in train if r.get("compile_dropped")} == (
         {a for a in ("affine_scaled", "spectral") if variant.get(a, a) in refused} if best["levers"]["compile"]
         else set())
-    assert [(r["size"], r["batch"]) for r in train[-6:]] == [("472m", 2)] * 5 + [("1.72b", 2)]
+    best_arms = train[len(LEVER_ORDER):len(LEVER_ORDER) + len(BEST_ORDER)]
+    assert [(r["size"], r["batch"]) for r in best_arms] == [("1.72b", 2)] + [("472m", 2)] * 5
     # planned from a measured arm of the same compile mode; the first arm of each mode from nothing
     firsts = {r["levers"]["compile"]: r["arm"] for r in reversed(ran) if r["attention"] == "sdpa"}
     for r in ran:
@@ -230,24 +231,17 @@ def _planted_row(torch_, arm, seq, warmup, measured, device, smoke, peak, initia
 FULL_CTX = dict(smoke=False, device="cpu", threads=1, peak_flops=None)
 
 
-def test_lever_matrix_order_best_configuration_and_plan_with_planted_timings(monkeypatch):
-    """Part d's order and choices with planted timings (no training): the lever arms in the documented order, all
-    levers with the faster compile (planted: whole-model), the best configuration = the fastest lever arm, the
-    micro-batch doubled until a planted CUDA out-of-memory (one row, the search stops there), the best arms in the
-    best configuration (a variant whose compile the library refuses runs without it), and an arm whose estimate
-    exceeds the time left (1.72B: its steps × 4.3 FLOPs) skipped with both numbers while the clock (planted: each arm
-    takes its ``arm_wall_s``) leaves room for the others."""
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH
-
-    if torch.__version__ < COMPILE_MIN_TORCH:
-        pytest.skip("torch.compile is refused below torch 2.7: no compile arm runs (the smoke run covers it)")
+def _planted_matrix(monkeypatch, cap: float) -> list[dict]:
+    """Part d's rows with planted timings (no training): each arm advances the planner's clock by its
+    ``arm_wall_s`` (20 s); 1.72B at micro-batch 8 and 472M at 64 run out of memory (CUDA, planted); affine_scaled's
+    compile is refused by the library."""
     speed_of = {"472M today": 100.0, "472M + padded vocab 64": 104.0, "472M + chunked CE": 110.0,
                 "472M + fused AdamW": 102.0, "472M + TF32": 101.0, "472M + regional compile": 150.0,
                 "472M + whole-model compile": 170.0, "472M all levers": 230.0}
     clock = [1000.0]
 
     def train_arm(torch_, arm, *args):
-        if arm.batch == 64:
+        if arm.batch == 64 or (arm.size == "1.72b" and arm.batch == 8):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB (planted)")
         row = _planted_row(torch_, arm, *args, tokens_per_s=speed_of.get(arm.label, 200.0))
         clock[0] += row["arm_wall_s"]
@@ -260,33 +254,65 @@ def test_lever_matrix_order_best_configuration_and_plan_with_planted_timings(mon
         match=False, refused="planted refusal") if impl == "affine_scaled" else dict(
         match=True, backend="inductor", worst="w", worst_rel_err=0.0, zero_compiled_grads=[]))
     rows, record = _rows()
-    cap = 400.0
     matrix.part_d({**FULL_CTX, "started": clock[0], "cap": cap}, record)
+    return rows
+
+
+def test_lever_matrix_order_best_configuration_and_plan_with_planted_timings(monkeypatch):
+    """Part d's order and choices (`_planted_matrix`): the lever arms in the documented order, all levers with the
+    faster compile (planted: whole-model), the best configuration = the fastest lever arm; 1.72B first in it, out of
+    memory at micro-batch 8 (one row) and run again at 4 (its estimate: the whole compile × 2 for 48 / 24 layers,
+    steps × its FLOPs); the variants (one whose compile the library refuses runs without it); then the micro-batch
+    doubled until a planted out-of-memory (one row, the search stops there)."""
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
+    if torch.__version__ < COMPILE_MIN_TORCH:
+        pytest.skip("torch.compile is refused below torch 2.7: no compile arm runs (the smoke run covers it)")
+    rows = _planted_matrix(monkeypatch, cap=400.0)
     train = [r for r in rows if r["kind"] == "train"]
-    assert [r["arm"] for r in train] == LEVER_ORDER + ["472M best, batch 32", "472M best, batch 64"] + BEST_ORDER
+    assert [r["arm"] for r in train] == (LEVER_ORDER + BEST_ORDER[:1] + ["1.72B best, batch 4"] + BEST_ORDER[1:]
+                                         + ["472M best, batch 32", "472M best, batch 64"])
     by = {r["arm"]: r for r in train}
     assert by["472M all levers"]["levers"] == dict(pad_vocab=64, chunked_ce=True, compile="whole", fused_adamw=True,
                                                    tf32=True)
     best = next(r for r in rows if r["kind"] == "best")
     assert best["arm"] == "472M all levers" and best["vs_today"] == pytest.approx(2.3)
+    assert by["1.72B best"]["error"].startswith("OutOfMemoryError: CUDA out of memory")
+    big = by["1.72B best, batch 4"]
+    assert big["batch"] == 4 and big["tokens_per_s"] and big["levers"] == best["levers"]
+    assert big["estimate"]["reference"] == best["arm"] and big["estimate"]["warmup_extra_s"] == pytest.approx(120.0)
+    assert big["estimate"]["param_ratio"] > 1  # its steps: 1.72B at a quarter of the tokens, ~0.8 of the FLOPs
     oom = by["472M best, batch 64"]
     assert oom["error"].startswith("OutOfMemoryError: CUDA out of memory") and oom["levers"] == best["levers"]
     search = next(r for r in rows if r["kind"] == "micro_batch")
     assert search["tried"] == [32, 64] and search["largest_fitting"] == 32 and search["out_of_memory"]
     assert by["472M affine_scaled, best"]["compile_dropped"] == "compile refused on this torch: planted refusal"
     assert by["472M affine_scaled, best"]["levers"] == {**best["levers"], "compile": None}
-    assert all(by[label]["levers"] == best["levers"] for label in BEST_ORDER[1:])
+    assert all(by[label]["levers"] == best["levers"] for label in BEST_ORDER[2:])
     # the plan: each compile mode's first arm from nothing; the rest from a measured arm of their compile mode
     assert [r["arm"] for r in train if r.get("estimate") is None and "error" not in r] == [
         "472M today", "472M + regional compile", "472M + whole-model compile"]
     assert by["472M all levers"]["estimate"]["reference"] == "472M + whole-model compile"
     assert by["472M affine_scaled, best"]["estimate"]["reference"] == "472M today"  # eager: today's
-    # 1.72B best: the whole compile × 2 (48 / 24 layers), steps × ~4.3 FLOPs: more than the time left
-    big = by["1.72B best"]
-    assert "skipped" in big and big["estimate"]["warmup_extra_s"] == pytest.approx(120.0)
-    left = cap - 20.0 * sum("tokens_per_s" in r for r in train)
-    assert big["estimate"]["seconds"] > left > 0 and f"({left:.0f}s left, ~" in big["skipped"]
     assert "Largest micro-batch measured in the best configuration: 32" in "\n".join(report._render_d(rows))
+
+
+def test_an_arm_that_does_not_fit_in_the_time_left_is_skipped_with_both_numbers(monkeypatch):
+    """The same matrix in a shorter cap: the search's first arm (its estimate from the best arm's, × the FLOPs)
+    does not fit in what the 14 arms before it (20 s each) left: skipped with both numbers, and the search stops."""
+    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+
+    if torch.__version__ < COMPILE_MIN_TORCH:
+        pytest.skip("torch.compile is refused below torch 2.7: no compile arm runs (the smoke run covers it)")
+    cap = 340.0
+    rows = _planted_matrix(monkeypatch, cap)
+    train = [r for r in rows if r["kind"] == "train"]
+    skipped = train[-1]
+    assert skipped["arm"] == "472M best, batch 32" and [r["arm"] for r in train if "skipped" in r] == [skipped["arm"]]
+    left = cap - 20.0 * sum("tokens_per_s" in r for r in train)
+    assert skipped["estimate"]["seconds"] > left > 0 and f"({left:.0f}s left, ~" in skipped["skipped"]
+    search = next(r for r in rows if r["kind"] == "micro_batch")
+    assert search["tried"] == [32] and search["largest_fitting"] == 16 and not search["out_of_memory"]
 
 
 def test_a_slow_or_failing_arm_costs_one_row(monkeypatch):

@@ -8,14 +8,17 @@ Stages, in this order, so the headline rows come first and a slow compile or an 
    regional compile, whole-model compile (the eager levers first: cheap; a compile arm may be slow) — then
    **all levers** together with the faster of the two compiles (`ALL_LEVERS`; no compile where neither was
    measured). The **best configuration** is the fastest arm of this stage (tokens/s; a ``best`` row);
-2. **micro-batch**: the best configuration at 472M with the micro-batch doubled (32, 64, ... up to `MAX_BATCH`)
-   until an arm fails — a CUDA out-of-memory (``torch.cuda.OutOfMemoryError``) is that arm's row, its memory freed —
-   or does not fit in the time left; a ``micro_batch`` row names the largest that fit;
-3. **best** (`BEST_ARMS`): in the best configuration at the matrix's micro-batch (16 at 472M, the comparison the
-   issue's "≥ 0.95× that configuration" asks for; 8 at 1.72B): each attention variant (affine_scaled,
-   attention_sink, preconditioned, spectral λ = 10), the conditioned init, then 1.72B. A variant whose compile the
-   library refuses on the running torch, or whose compiled gradients differ from eager's, runs without the compile
-   (its row's ``compile_dropped`` says why); in stage 1 such a compile arm is skipped.
+2. **best** (`BEST_ARMS`): in the best configuration at the matrix's micro-batch (8 at 1.72B; 16 at 472M, the
+   comparison the issue's "≥ 0.95× that configuration" asks for): 1.72B first (a headline row: the issue's MFU target
+   at 1.72B), then each attention variant (affine_scaled, attention_sink, preconditioned, spectral λ = 10) and the
+   conditioned init. An arm that runs out of memory (``torch.cuda.OutOfMemoryError``: its row, its memory freed) is
+   run once more at half its micro-batch (1.72B's 81.6 GiB at micro-batch 8 on the H200 record is above an H100's
+   memory). A variant whose compile the library refuses on the running torch, or whose compiled gradients differ
+   from eager's, runs without the compile (its row's ``compile_dropped`` says why); in stage 1 such a compile arm is
+   skipped;
+3. **micro-batch** (last: it only raises the matrix's tokens/s, which stages 1 and 2 compare at one micro-batch): the
+   best configuration at 472M with the micro-batch doubled (32, 64, ... up to `MAX_BATCH`) until an arm fails — out
+   of memory: that arm's row — or does not fit in the time left; a ``micro_batch`` row names the largest that fit.
 
 Before the first compiled arm of each attention, `training.compiled_gradients_match` compiles a 2-layer fp32 GPT-2
 of that attention with the part's backend and compares every gradient with eager's (a ``compile_check`` row).
@@ -47,17 +50,17 @@ LEVER_ARMS = (  # stage 1, in order: (label, levers) at 472M, SDPA, default init
     ("472M + whole-model compile", Levers(compile="whole")),
 )
 ALL_LEVERS = "472M all levers"  # every lever above, with the faster compile
-BEST_ARMS = (  # stage 3, in order: (label, size, attention, init) in the best configuration
+BEST_ARMS = (  # stage 2, in order: (label, size, attention, init) in the best configuration
+    ("1.72B best", "1.72b", "sdpa", "default"),
     ("472M affine_scaled, best", "472m", "affine_scaled", "default"),
     ("472M attention_sink, best", "472m", "attention_sink", "default"),
     ("472M preconditioned, best", "472m", "preconditioned", "default"),
     ("472M spectral, best", "472m", "spectral", "default"),
     ("472M conditioned init, best", "472m", "sdpa", "conditioned"),
-    ("1.72B best", "1.72b", "sdpa", "default"),
 )
 BATCH = {"472m": 16, "1.72b": 8}  # the micro-batches of README's 472M / 1.72B commands
 SMOKE_BATCH = 2
-MAX_BATCH = {False: 128, True: 8}  # the micro-batch search's last doubling (full, smoke)
+MAX_BATCH = {False: 128, True: 8}  # stage 3's last doubling (full, smoke)
 ARM_CAP_S = {False: 150.0, True: 300.0}  # one arm's time limit (full, smoke): a safety net, above any planned arm
 STEPS = {False: (5, 20), True: (2, 2)}  # (warm-up, measured) steps per arm (full, smoke)
 clock = time.time  # the planner's clock (a test plants one)
@@ -88,10 +91,12 @@ def part_d(ctx: dict, record) -> None:
     record(kind="best", arm=best["arm"] if best else None, levers=dataclasses.asdict(levers),
            levers_text=levers.describe(), tokens_per_s=best["tokens_per_s"] if best else None,
            vs_today=best["tokens_per_s"] / today["tokens_per_s"] if best and today else None)
-    search_micro_batch(runner, levers, batch, MAX_BATCH[smoke], record)
     for label, size, attention, init in BEST_ARMS:
-        size_batch = SMOKE_BATCH if smoke else BATCH[size]
-        runner.run(Arm(label, size, attention, init, levers, size_batch, "best"))
+        arm = Arm(label, size, attention, init, levers, SMOKE_BATCH if smoke else BATCH[size], "best")
+        if runner.run(arm) is None and arm.batch > 1 and out_of_memory(runner.last):
+            half = arm.batch // 2
+            runner.run(dataclasses.replace(arm, label=f"{label}, batch {half}", batch=half))
+    search_micro_batch(runner, levers, batch, MAX_BATCH[smoke], record)
 
 
 class Runner:
@@ -194,8 +199,13 @@ def best_row(measured: list[dict]) -> dict | None:
     return max(levers, key=lambda r: r["tokens_per_s"]) if levers else None
 
 
+def out_of_memory(row: dict | None) -> bool:
+    """Whether ``row`` is an arm's that failed for want of device memory."""
+    return "out of memory" in ((row or {}).get("error") or "").lower()
+
+
 def search_micro_batch(runner: Runner, levers: Levers, start: int, largest: int, record) -> None:
-    """Stage 2: 472M in ``levers`` at 2, 4, ... × ``start`` up to ``largest``, stopping at the first arm that fails
+    """Stage 3: 472M in ``levers`` at 2, 4, ... × ``start`` up to ``largest``, stopping at the first arm that fails
     (out of memory: one row) or is skipped; then one ``micro_batch`` row: the largest micro-batch measured (``start``
     when none above it was) and why the search stopped."""
     fits, tried, stopped, oom = start, [], f"the search's limit, {largest}", False
@@ -206,7 +216,7 @@ def search_micro_batch(runner: Runner, levers: Levers, start: int, largest: int,
             fits, batch = batch, 2 * batch
             continue
         why = runner.last.get("error") or runner.last.get("skipped") or "?"
-        stopped, oom = f"batch {batch}: {why[:300]}", "out of memory" in why.lower()
+        stopped, oom = f"batch {batch}: {why[:300]}", out_of_memory(runner.last)
         break
     record(kind="micro_batch", levers=dataclasses.asdict(levers), levers_text=levers.describe(), start=start,
            tried=tried, largest_fitting=fits, stopped=stopped, out_of_memory=oom)
