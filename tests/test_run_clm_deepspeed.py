@@ -135,11 +135,13 @@ def test_zero3_chunked_lm_head_loss_trains_like_the_models_own(ts_file, tmp_path
         out = tmp_path / loss
         _run("torchrun", str(tmp_path / "zero3-tight.json"), ts_file, out,
              ["--max_steps", "3", "--optim", "sgd", "--optim_args", "momentum=0.9", "--learning_rate", "0.05",
-              "--lm_head_ce", loss, "--pad_vocab_to_multiple_of", "64"])
+              "--lm_head_ce", loss, "--tokenizer_vocab_size", "500", "--pad_vocab_to_multiple_of", "64"])
         runs[loss] = (_losses(out), AutoModelForCausalLM.from_pretrained(out).state_dict())
     (default_losses, default_model), (chunked_losses, chunked_model) = runs["default"], runs["chunked"]
     assert len(chunked_losses) == 3 and chunked_losses[-1] < chunked_losses[0]  # the steps trained
     assert chunked_losses == pytest.approx(default_losses, rel=1e-5)
     assert set(chunked_model) == set(default_model)
+    real = len(AutoTokenizer.from_pretrained(tmp_path / "chunked"))
+    assert real < chunked_model["transformer.wte.weight"].shape[0] == 512  # padded under ZeRO-3 too
     for name, tensor in default_model.items():
         torch.testing.assert_close(chunked_model[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
