@@ -65,7 +65,7 @@ from hf_condinit.data import (
     tokenize_datasets,
     train_bpe_tokenizer,
 )
-from hf_condinit.evaluation.minimal_pairs import load_minimal_pairs
+from hf_condinit.evaluation.minimal_pairs import context_length, load_minimal_pairs
 from hf_condinit.scripts_common import (
     LM_TRAINING_DEFAULTS,
     CondInitArguments,
@@ -89,6 +89,7 @@ from hf_condinit.scripts_common import (
 )
 from hf_condinit.data.streaming import split_by_rank
 from hf_condinit.scripts.arguments import TokenizerHubArguments
+from hf_condinit.scripts.deepspeed_launch import maybe_init_distributed, single_process_launch_env
 from hf_condinit.scripts.levers import (SpeedLeverArguments, apply_speed_levers, check_resume_vocabulary,
                                         check_speed_levers)
 from hf_condinit.scripts.model_config import config_for_model_type, model_class
@@ -218,14 +219,6 @@ class DataTrainingArguments:
         return self.dataset_name is None and self.train_file is None and self.validation_file is None
 
 
-def context_length(config) -> int | None:
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 def parse(argv=None):
     """Parse, with the §7 LM defaults (plus the embedded run's without data flags), a default ``--output_dir`` per
     arm, and both ``--do_train`` and ``--do_eval`` when neither is given (``parse_and_set_up``). Returns
@@ -239,35 +232,6 @@ def parse(argv=None):
         output_prefix="clm-synthetic" if synthetic else "clm", defaults=defaults,
     )  # fmt: skip
     return parsed, attention_given
-
-
-def single_process_launch_env(argv) -> None:
-    """``python run_clm.py --deepspeed ...`` without a launcher: give DeepSpeed the env a 1-process launcher would
-    (otherwise ``zero.Init`` falls back to MPI discovery). Must run before ``TrainingArguments`` is built."""
-    if "WORLD_SIZE" in os.environ or "RANK" in os.environ or not flags_given(argv, ("deepspeed",)):
-        return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", str(port))):
-        os.environ.setdefault(key, value)
-
-
-def maybe_init_distributed(training_args):
-    """ZeRO-3 builds the model inside ``deepspeed.zero.Init``, which needs DeepSpeed's comm layer first; on CPU
-    (``--use_cpu``) that must be gloo."""
-    if not training_args.deepspeed:
-        return
-    import deepspeed
-    import deepspeed.comm as ds_comm
-
-    # accelerate has already set up torch.distributed (for world size > 1); DeepSpeed's own comm layer (which
-    # zero.Init asks for the world size) is separate and must be initialised too, over the same backend.
-    if not ds_comm.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo" if training_args.use_cpu else None)
 
 
 def build_tokenizer(model_args, data_args, training_args, raw, text_column, context: int, spec: MQARSpec | None):

@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 
 from .binomial import INTERVAL, accuracy_stats
-from .minimal_pairs import _context_length, prefix_token_id, tail_log_probs
+from .minimal_pairs import context_length, prefix_token_id, tail_log_probs
 
 __all__ = ["ClozeItem", "build_cloze_items", "evaluate_cloze", "score_cloze", "summarize_cloze", "word_occurrences"]
 
@@ -133,7 +133,7 @@ def score_cloze(model, tokenizer, items, *, seed: int = 0, max_context_tokens: i
     :func:`~hf_condinit.evaluation.minimal_pairs.sentence_log_probs`."""
     if max_context_tokens < 1:
         raise ValueError(f"max_context_tokens must be at least 1, got {max_context_tokens}")
-    sequences, n_scored = _item_sequences(tokenizer, items, max_context_tokens, _context_length(model.config))
+    sequences, n_scored = _item_sequences(tokenizer, items, max_context_tokens, context_length(model.config))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sequences[0][0]
     flat = tail_log_probs(model, sequences, n_scored, pad_id=pad_id, batch_size=batch_size, device=device,
                           show_progress=show_progress, desc="cloze").tolist()

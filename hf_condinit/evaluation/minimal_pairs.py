@@ -156,7 +156,9 @@ def _model_device(model) -> torch.device:
         return torch.device("cpu")
 
 
-def _context_length(config) -> int | None:
+def context_length(config) -> int | None:
+    """The longest sequence a model of ``config`` takes (``n_positions``, ``max_position_embeddings`` or ``n_ctx``,
+    the first that is an int), or None for a model without a positional limit."""
     for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
         value = getattr(config, attr, None)
         if isinstance(value, int):
@@ -174,7 +176,7 @@ def sentence_log_probs(model, tokenizer, sentences, *, batch_size: int = 64, pre
     first = prefix_token_id(tokenizer, prefix)
     encoded = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
     ids = [([first] if first is not None else []) + list(e) for e in encoded]
-    context = _context_length(model.config)
+    context = context_length(model.config)
     longest = max((len(x) for x in ids), default=0)
     if context is not None and longest > context:
         raise ValueError(f"a sentence has {longest} tokens (with the prefix); the model's context is {context}")
