@@ -49,7 +49,7 @@ from transformers import (
 
 import hf_condinit  # noqa: F401  (installs the hooks, registers attention variants and Crammed BERT)
 from hf_condinit.glue import GLUE_TASKS, SUITE_TASKS, format_glue_table, get_task, glue_average, glue_task_score
-from hf_condinit.glue import custom_task, load_custom_files, load_glue_metric, read_glue_file
+from hf_condinit.glue import custom_task, load_custom_files, load_glue_metric, read_glue_file, suite_task_files
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
 from hf_condinit.scripts.arguments import TokenizerHubArguments
 from hf_condinit.scripts.model_config import model_class
@@ -72,16 +72,6 @@ logger = logging.getLogger(__name__)
 
 GLUE_HUB_DATASET = "nyu-mll/glue"
 
-#: Directory names of the GLUE distribution, and the file names looked for in --glue_data_dir.
-TASK_DIRS = {
-    "cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B",
-    "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI",
-}
-_FILE_CANDIDATES = {
-    "train": ("train.tsv", "train.csv", "train.json", "train.jsonl"),
-    "validation": ("dev.tsv", "dev_matched.tsv", "dev.csv", "dev.json", "dev.jsonl"),
-    "validation_mismatched": ("dev_mismatched.tsv",),
-}
 
 
 @dataclass
@@ -420,36 +410,6 @@ def run_task(
     return combined
 
 
-def _suite_files(task: str, data_args: DataTrainingArguments) -> dict:
-    """Local files of one suite task: --suite_files entry, else the GLUE layout under --glue_data_dir, else {}."""
-    if data_args.suite_files:
-        with open(data_args.suite_files) as handle:
-            mapping = json.load(handle)
-        unknown = set(mapping) - set(GLUE_TASKS)
-        if unknown:
-            raise ValueError(f"{data_args.suite_files}: unknown tasks {sorted(unknown)}.")
-        if task in mapping:
-            entry = mapping[task]
-            bad = set(entry) - {"train", "validation", "validation_mismatched", "test"}
-            if bad:
-                raise ValueError(f"{data_args.suite_files}: task {task}: unknown keys {sorted(bad)}.")
-            base = os.path.dirname(os.path.abspath(data_args.suite_files))
-            return {k: v if os.path.isabs(v) else os.path.join(base, v) for k, v in entry.items()}
-    if data_args.glue_data_dir:
-        task_dir = os.path.join(data_args.glue_data_dir, TASK_DIRS[task])
-        found = {}
-        for split, names in _FILE_CANDIDATES.items():
-            if split == "validation_mismatched" and task != "mnli":
-                continue
-            for name in names:
-                path = os.path.join(task_dir, name)
-                if os.path.isfile(path):
-                    found[split] = path
-                    break
-        return found
-    return {}
-
-
 def run_suite(model_args, data_args, cond_args, training_args, attention_given: bool = True) -> dict:
     """Run the GLUE tasks and write ``glue_suite.json`` / ``glue_suite.md`` into ``output_dir``."""
     tasks = SUITE_TASKS if not data_args.suite_tasks else tuple(
@@ -459,7 +419,7 @@ def run_suite(model_args, data_args, cond_args, training_args, attention_given: 
     plan = []  # every task checked (files, output folder) before the first one starts
     for task in tasks:
         with user_errors():
-            files = _suite_files(task, data_args)
+            files = suite_task_files(task, data_args.suite_files, data_args.glue_data_dir)
             if training_args.do_train and files and "train" not in files:
                 raise ValueError(f"--glue_suite: no training file for {task} (looked in {data_args.glue_data_dir}).")
             if training_args.do_eval and files and "validation" not in files:

@@ -2,12 +2,14 @@
 
 - :mod:`.tasks`: :class:`GlueTask`, :data:`GLUE_TASKS`, the local-file readers (TSV / CSV / JSON), the GLUE score
   of a task and the suite table;
+- :mod:`.local_files`: :func:`suite_task_files`, where the ``--glue_suite`` tasks' local files are;
 - :mod:`.custom`: one's own csv / json classification or regression files (``run_glue.py`` without ``--task_name``);
 - :mod:`.metric`: :func:`load_glue_metric` and :data:`GLUE_METRIC_PATH`, the shipped ``evaluate`` module
   (``glue_metric.py``, loaded by path, no hub).
 """
 
 from .custom import custom_task, load_custom_files
+from .local_files import suite_task_files
 from .metric import GLUE_METRIC_PATH, glue_metric_config_name, load_glue_metric
 from .tasks import (
     GLUE_TASKS,
@@ -45,5 +47,6 @@ __all__ = [
     "read_glue_file",
     "read_glue_json",
     "read_glue_tsv",
+    "suite_task_files",
     "task_to_keys",
 ]
