@@ -193,7 +193,7 @@ def findings_block(r: dict) -> str:
         + "; ".join(f"depth {d} {_v(dep[d]['conditioned'].get('loss_verdict'))}"
                     for d in dep if "conditioned" in dep[d])
         + (f". At depth 8 with default at conditioned's rate too: {_v(same['verdict'])}" if same else "")
-        + ". Provisional at depth 8: only default has been tried there at another rate (docs/results.md "
+        + ". Provisional at depth 8: the arms' own learning-rate grid there is not complete yet (docs/results.md "
         "\"Across depth\").")
     accs = [x for cell in r["scale_cells"].values() for a in cell.values() for x in a.values()
             if x.get("blimp") is not None]
