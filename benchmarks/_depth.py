@@ -29,7 +29,7 @@ Shared-rate results beside the own-rate ones (issue 21, item 2), where both exis
 ``shared_lr`` column (depth 4, seed 0) and the scale sweep's LR sweep at 2 × 64 (seeds 0-1); at ``main_tpp`` the
 scale sweep's 2 × 64 runs at its shared rate (seeds 0-2), read from ``benchmarks/results/scale`` (``shared_from``).
 
-Resumable and shared like the scale sweep (``_common.execute_runs``: one record per finished run, lock files, any
+Resumable and shared like the scale sweep (``_lm_run.execute_runs``: one record per finished run, lock files, any
 number of workers on one ``--out``; default ``benchmarks/results/depth``); a worker whose remaining runs wait on
 another worker's grid run polls every 30 s. Cost: ``cost.json`` per size (``_scale.measure_cost``), the estimate
 printed before training (training, evaluation and BLiMP forward tokens; κ and the Trainer's overhead not included).
@@ -58,6 +58,7 @@ import time
 from dataclasses import dataclass
 
 import _common as C
+import _lm_run as LM
 import _scale as S
 import _verdict as V
 from _common import fail
@@ -118,7 +119,7 @@ POLL_SECONDS = 30
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def grid_spec(p: DepthPlan, label: str, lr: float, depth: int | None = None) -> C.TrainSpec:
+def grid_spec(p: DepthPlan, label: str, lr: float, depth: int | None = None) -> LM.TrainSpec:
     """A grid run: seed 0 at rate ``lr``; at ``grid_depth`` and ``grid_tpp`` (``depth`` None), or at ``depth`` and
     ``main_tpp`` (an own-grid depth: the run is that depth's seed-0 run at ``lr``)."""
     if depth is None:
@@ -126,7 +127,7 @@ def grid_spec(p: DepthPlan, label: str, lr: float, depth: int | None = None) -> 
     return depth_spec(p, label, depth, lr, 0)
 
 
-def depth_spec(p: DepthPlan, label: str, depth: int, lr: float, seed: int) -> C.TrainSpec:
+def depth_spec(p: DepthPlan, label: str, depth: int, lr: float, seed: int) -> LM.TrainSpec:
     return S.make_spec(p, label, p.size(depth), p.main_tpp, lr, seed, KAPPA_AT)
 
 
@@ -166,7 +167,7 @@ def best_rates(p: DepthPlan, state: dict, states: dict | None, depth: int) -> di
     return {a: st[a]["best"] for a in p.arms}
 
 
-def plan(p: DepthPlan, state: dict, placeholder: bool = False, states: dict | None = None) -> list[C.TrainSpec]:
+def plan(p: DepthPlan, state: dict, placeholder: bool = False, states: dict | None = None) -> list[LM.TrainSpec]:
     """Every run known now, in order (module docstring): the grid runs of ``state`` (:func:`grid_state`) and of the
     own grids ``states`` (:func:`own_grid_states`), the depth runs of the arms whose best rate is decided, then the
     same-rate checks (:func:`rate_check_lrs`). ``placeholder``: also the undecided arms' depth runs, at
@@ -761,7 +762,7 @@ def run(args) -> dict:
         todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and S.record_of(out, r) is None
                 and not C.claimed_elsewhere(paths(r)[0])]
         if todo:
-            C.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
+            LM.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
             continue
         undecided = [a for a in p.arms if not state[a]["decided"]] + [
             f"{a} at depth {d}" for d, st in states.items() for a in p.arms if not st[a]["decided"]]

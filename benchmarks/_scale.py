@@ -11,7 +11,7 @@ two more learning rates (the LR sweep, seeds 0-1, at 5 tokens per parameter: it 
 shared rate, and costs a quarter of a sweep at 20). The largest size is 2 × 96, not 2 × 128: a 2 × 128 run at 20
 tokens per parameter costs ~18 CPU-minutes, and its ten runs did not fit the 4-hour budget next to the rest. Training data: the enwiki extract + WikiText-2 train (so that no
 run repeats a block; enwiki first: the internal 5 % held-out documents are enwiki articles); the reported metric is
-the loss on WikiText-2 valid (``--eval-file``, every document). Every run is one ``_common.train_run`` (the
+the loss on WikiText-2 valid (``--eval-file``, every document). Every run is one ``_lm_run.train_run`` (the
 ``run_clm.py`` recipe through the HF ``Trainer``).
 
 Order: seed 0 of every size (smallest first, the length sweep after the middle size), then seed 1, then seed 2 of
@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass
 
 import _common as C
+import _lm_run as LM
 import _verdict as V
 from _common import fail
 
@@ -117,7 +118,7 @@ def setting_name(size, tpp: float, lr: float) -> str:
     return f"{size_name(size)}_tpp{tpp:g}_lr{lr:g}"
 
 
-def make_spec(p, label: str, size, tpp: float, lr: float, seed: int, kappa_at: tuple = ()) -> C.TrainSpec:
+def make_spec(p, label: str, size, tpp: float, lr: float, seed: int, kappa_at: tuple = ()) -> LM.TrainSpec:
     """One run of a sweep: arm ``label`` of :data:`ARMS`, ``size`` = (n_layer, n_embd, n_head), ``tpp`` training
     tokens per non-embedding parameter at learning rate ``lr``; batch, block and evaluation sizes from the plan
     ``p`` (a :class:`ScalePlan` or the depth sweep's plan); κ(J) at the fractions ``kappa_at`` of the run."""
@@ -126,14 +127,14 @@ def make_spec(p, label: str, size, tpp: float, lr: float, seed: int, kappa_at: t
     kw = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, batch_size=p.batch_size, block_size=p.block_size,
               tokens_per_param=tpp)
     steps = C.steps_for_tokens_per_param(kw)
-    return C.TrainSpec(arm=arm, seed=seed, steps=steps, lr=lr, eval_every=max(1, steps // 10),
+    return LM.TrainSpec(arm=arm, seed=seed, steps=steps, lr=lr, eval_every=max(1, steps // 10),
                        eval_blocks=p.eval_blocks, log_every=max(1, steps // 40), kappa_at=tuple(kappa_at),
                        diag_probe=(2, min(128, p.block_size)), v_gain=over.get("v_gain"),
                        setting=setting_name(size, tpp, lr),
                        extra=dict(label=label, size=size_name(size), final_eval_blocks=p.final_eval_blocks), **kw)
 
 
-def plan(p: ScalePlan) -> list[C.TrainSpec]:
+def plan(p: ScalePlan) -> list[LM.TrainSpec]:
     """Every run, in the order of the module docstring (each prefix useful)."""
     runs = []
     for seed in range(max(p.seeds)):
@@ -147,13 +148,13 @@ def plan(p: ScalePlan) -> list[C.TrainSpec]:
     return runs
 
 
-def record_paths(out: str, spec: C.TrainSpec) -> tuple[str, str]:
+def record_paths(out: str, spec: LM.TrainSpec) -> tuple[str, str]:
     label = spec.extra["label"]
     return (os.path.join(out, "runs", spec.setting, label, f"seed{spec.seed}.json"),
             os.path.join(out, "trainer", spec.setting, label, f"seed{spec.seed}"))
 
 
-def record_of(out: str, spec: C.TrainSpec) -> dict | None:
+def record_of(out: str, spec: LM.TrainSpec) -> dict | None:
     """The finished record of ``spec`` under ``out`` (:func:`_common.finished_record`), or None."""
     return C.finished_record(record_paths(out, spec)[0], spec)
 
@@ -215,7 +216,7 @@ def load_costs(out: str, p, sizes=None) -> dict:
     return costs
 
 
-def run_cpu_estimate(spec: C.TrainSpec, cost: dict, eval_tokens: int) -> float:
+def run_cpu_estimate(spec: LM.TrainSpec, cost: dict, eval_tokens: int) -> float:
     """Estimated CPU seconds of one run: training tokens at the training cost; the eval curve, the final internal
     evaluation and the ``eval_tokens`` of the eval files at the forward cost."""
     block = spec.block_size
@@ -683,7 +684,7 @@ def run(args) -> dict:
     print(f"[scale] training data: {data.info['train_tokens']:,} tokens; the longest run reads "
           f"{most / (data.info['train_blocks'] * p.block_size):.2f} epochs; output {out}", file=sys.stderr)
     C.add_missing_blimp([record_paths(out, r) for r in runs if r not in todo], data.tokenizer, blimp, "scale", data)
-    skipped = C.execute_runs(runs, todo, data, eval_sets, eval_info, lambda r: record_paths(out, r), blimp)
+    skipped = LM.execute_runs(runs, todo, data, eval_sets, eval_info, lambda r: record_paths(out, r), blimp)
     if skipped:
         print(f"[scale] {len(skipped)} runs are being done by another worker; run --report-only when they are "
               "finished", file=sys.stderr)

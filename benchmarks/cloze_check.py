@@ -2,7 +2,7 @@
 
 Trains the default mode's default arm once on the CPU (``compare.py``'s base spec: 4 × 256 GPT-2, 150 steps of
 8 × 256 tokens of the TinyStories sample, lr 1e-3, seed 0; κ off; shape, length and rate can be changed) through
-the harness (``_common.train_run``, which records BLiMP and the held-out cloze as every harness run does), scores the
+the harness (``_lm_run.train_run``, which records BLiMP and the held-out cloze as every harness run does), scores the
 same seed's random init (the model before training) the same way, and writes ``cloze_check.json`` and
 ``cloze_check.md`` into ``--out``:
 
@@ -34,6 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+import _lm_run as LM  # noqa: E402
 
 OUT = os.path.join(C.REPO_ROOT, "benchmarks", "results", "cloze_check")
 RECORD_SWEEPS = ("compare", "scale", "depth")
@@ -60,7 +61,7 @@ def parse_args(argv=None):
     return args
 
 
-def default_mode_spec(args) -> "C.TrainSpec":
+def default_mode_spec(args) -> "LM.TrainSpec":
     """compare.py's base spec for the default arm (its defaults), κ off, ``--steps`` / ``--seed`` applied."""
     import compare
 
@@ -69,7 +70,7 @@ def default_mode_spec(args) -> "C.TrainSpec":
     for name in ("steps", "n_layer", "n_embd", "n_head", "block_size", "lr"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
-    return C.TrainSpec(arm="default", seed=args.seed, setting="cloze_check", **kw)
+    return LM.TrainSpec(arm="default", seed=args.seed, setting="cloze_check", **kw)
 
 
 def _zero_shot(blimp: dict, cloze: dict) -> dict:
@@ -99,7 +100,7 @@ def score_models(args) -> dict:
     init = C.build_model(spec.arm, config, spec.seed)
     init_scores = _zero_shot(C.evaluate_blimp(init, tok, args.blimp_dir), C.evaluate_cloze(init, data))
     print(f"[cloze_check] random init scored in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    rec = C.train_run(spec, data, os.path.join(work, "trainer"), None, args.blimp_dir)
+    rec = LM.train_run(spec, data, os.path.join(work, "trainer"), None, args.blimp_dir)
     print(f"[cloze_check] trained and scored in {rec['wall_seconds']:.0f} s", file=sys.stderr)
     return dict(
         spec=rec["spec"], data=data.info, device=rec["device"], train_batches_sha256=rec["train_batches_sha256"],

@@ -2,7 +2,7 @@
 
 Arms (``_common.ARMS``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
 identity mode), preconditioned, attention_sink. Each arm × seed is one ``run_clm.py``-style run through the HF
-``Trainer`` (``_common.train_run``: the library's data helpers, ``CondInitTrainer``, the docs/methods.md §7 LM recipe,
+``Trainer`` (``_lm_run.train_run``: the library's data helpers, ``CondInitTrainer``, the docs/methods.md §7 LM recipe,
 ``ConditionNumberCallback``), into a normal Trainer output folder ``trainer/<setting>/<arm>/seed<k>/``. Same data order
 per seed across arms (the Trainer's sampler seeded with the seed), held-out split = the first 5 % of the documents.
 
@@ -44,6 +44,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+import _lm_run as LM  # noqa: E402
 import _verdict as V  # noqa: E402
 from _common import fail, steps_for_tokens_per_param  # noqa: E402
 
@@ -229,7 +230,7 @@ def plan_runs(args) -> tuple[list, dict]:
             kw["kappa_at"] = ()
         elif setting != "base" and kw["kappa_at"]:
             kw["kappa_at"] = (0.0, 1.0)  # sweep runs: κ at the start and the end only
-        return C.TrainSpec(arm=arm, seed=seed, setting=setting, **kw)
+        return LM.TrainSpec(arm=arm, seed=seed, setting=setting, **kw)
 
     base_runs = [] if args.no_base else [spec(a, s, "base", {}) for s in range(n_seeds) for a in arms]
     cheap, costly = [], []
@@ -274,7 +275,7 @@ def add_missing_eval_files(path: str, run_dir: str, eval_sets: dict, eval_info: 
     if not missing:
         return
     print(f"[compare] {path}: evaluating the saved model on {', '.join(missing)}", file=sys.stderr)
-    rec.setdefault("eval_files", {}).update(C.evaluate_saved_run(run_dir, rec["spec"], missing))
+    rec.setdefault("eval_files", {}).update(LM.evaluate_saved_run(run_dir, rec["spec"], missing))
     rec.setdefault("eval_file_info", {}).update({n: eval_info[n] for n in missing})
     C.write_json(path, rec)
 
@@ -720,7 +721,7 @@ def run_lm(args) -> dict:
             add_missing_eval_files(run_path(out, r), trainer_dir(out, r), eval_sets, eval_info)
     C.add_missing_blimp([(run_path(out, r), trainer_dir(out, r)) for r in runs if r not in todo], data.tokenizer,
                         blimp, data=data)
-    skipped_locked = C.execute_runs(runs, todo, data, eval_sets, eval_info,
+    skipped_locked = LM.execute_runs(runs, todo, data, eval_sets, eval_info,
                                     lambda r: (run_path(out, r), trainer_dir(out, r)), blimp)
     if skipped_locked:
         print(f"[compare] {len(skipped_locked)} runs are being done by another worker; run --report-only when "

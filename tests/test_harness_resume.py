@@ -1,0 +1,126 @@
+"""The harness resumes a run stopped by a signal (``benchmarks/_lm_run.train_run``), as ``run_clm.py`` does: a kill
+costs at most the work since the checkpoint the signal saved, not the whole run.
+
+Reference: the same spec trained without a stop. The resumed run must end with the same weights, the same eval and
+training curves, the same κ measurements and the same digest of its training batches (the one ``train_batches_sha256``
+pairs runs by), and count the CPU and wall seconds of both segments. A folder whose checkpoint is of other settings
+starts over. The signal is a real SIGTERM sent to this process from inside a training forward pass."""
+
+import json
+import os
+import random
+import signal
+
+import pytest
+import torch
+
+from utils import TINYSTORIES, load_script
+
+STOP_AT_FORWARD = 6  # SIGTERM during the 6th training forward: the checkpoint is saved at the end of step 6
+
+
+def _text_file(tmp_path) -> str:
+    path = tmp_path / "stories.txt"
+    if TINYSTORIES.exists():
+        path.write_text(TINYSTORIES.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    else:
+        rng = random.Random(0)
+        stories = [f"Once upon a time, {rng.choice(['Tom', 'Lily', 'Ben'])} had a {rng.choice(['ball', 'cat', 'boat'])}."
+                   f" It was lost, then found." for _ in range(600)]
+        path.write_text("\n<|endoftext|>\n".join(stories), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    """(``_lm_run`` module, tiny ``LMData``, spec factory) on a 60 kB text: 2 layers x 32, 16 steps of 4 x 32
+    tokens, eval every 4 steps, κ at steps 0, 8 and 16."""
+    load_script("benchmarks/compare.py", "hf_condinit_bench_compare")
+    import _common as C
+    import _lm_run as LM
+
+    tmp = tmp_path_factory.mktemp("harness_resume")
+    data = C.prepare_data([_text_file(tmp)], vocab_size=300, block_size=32, cache_dir=str(tmp / "cache"))
+
+    def spec(arm="affine_scaled", lr=3e-3):
+        return LM.TrainSpec(arm=arm, seed=1, n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=4, steps=16,
+                            lr=lr, eval_every=4, eval_blocks=8, log_every=2, kappa_at=(0.0, 0.5, 1.0),
+                            kappa_probe=(2, 8), diag_probe=(2, 16), setting="resume_test")
+
+    return LM, data, spec
+
+
+def _sigterm_during_training_forward(n: int):
+    """A global forward pre-hook that sends SIGTERM to this process at the ``n``-th training forward of a GPT-2
+    LM model; returns its handle."""
+    seen = [0]
+
+    def hook(module, args):
+        if module.__class__.__name__ == "GPT2LMHeadModel" and module.training:
+            seen[0] += 1
+            if seen[0] == n:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(hook)
+
+
+def _weights(run_dir):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(run_dir, "model.safetensors"))
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(harness, tmp_path):
+    from hf_condinit.callbacks import TrainingPreempted
+
+    LM, data, spec = harness
+    whole = LM.train_run(spec(), data, str(tmp_path / "whole"))
+
+    run_dir = str(tmp_path / "stopped")
+    handle = _sigterm_during_training_forward(STOP_AT_FORWARD)
+    try:
+        with pytest.raises(TrainingPreempted) as stop:
+            LM.train_run(spec(), data, run_dir)
+    finally:
+        handle.remove()
+    assert stop.value.step == STOP_AT_FORWARD
+    assert os.path.isdir(os.path.join(run_dir, f"checkpoint-{STOP_AT_FORWARD}"))
+
+    resumed = LM.train_run(spec(), data, run_dir)
+    assert resumed["resumed_at"] == [STOP_AT_FORWARD] and "resumed_at" not in whole
+    assert resumed["train_batches_sha256"] == whole["train_batches_sha256"]
+    assert resumed["steps"] == whole["steps"] == 16
+    assert [s for s, _ in resumed["eval_curve"]] == [s for s, _ in whole["eval_curve"]] == [0, 4, 8, 12, 16]
+    for (_, a), (_, b) in zip(resumed["eval_curve"], whole["eval_curve"]):
+        assert a == pytest.approx(b, rel=1e-5)
+    assert [r[0] for r in resumed["train_curve"]] == [r[0] for r in whole["train_curve"]]
+    for a, b in zip(resumed["train_curve"], whole["train_curve"]):
+        assert a[1] == pytest.approx(b[1], rel=1e-5)
+    assert [k["step"] for k in resumed["kappa"]] == [k["step"] for k in whole["kappa"]] == [0, 8, 16]
+    assert resumed["final_eval_loss"] == pytest.approx(whole["final_eval_loss"], rel=1e-5)
+    got, want = _weights(run_dir), _weights(str(tmp_path / "whole"))
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+    # both segments' time is counted (the first segment's seconds come from the folder's run state)
+    with open(os.path.join(run_dir, LM.RUN_STATE)) as f:
+        state = json.load(f)
+    assert 0 < state["cpu_seconds"] < resumed["cpu_seconds"] and 0 < state["wall_seconds"] < resumed["wall_seconds"]
+    assert resumed["train_seconds"] > 0
+
+
+def test_a_checkpoint_of_other_settings_is_not_resumed(harness, tmp_path, capsys):
+    from hf_condinit.callbacks import TrainingPreempted
+
+    LM, data, spec = harness
+    run_dir = str(tmp_path / "run")
+    handle = _sigterm_during_training_forward(STOP_AT_FORWARD)
+    try:
+        with pytest.raises(TrainingPreempted):
+            LM.train_run(spec(lr=3e-3), data, run_dir)
+    finally:
+        handle.remove()
+    other = LM.train_run(spec(lr=1e-2), data, run_dir)
+    assert "resumed_at" not in other and other["steps"] == 16
+    assert "its checkpoints are of other settings; starting over" in capsys.readouterr().err
+    assert not os.path.exists(os.path.join(run_dir, f"checkpoint-{STOP_AT_FORWARD}"))
