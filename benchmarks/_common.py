@@ -571,6 +571,20 @@ def run_slot(path: str, spec):
 
 
 
+@contextlib.contextmanager
+def exit_75_when_preempted(tag: str):
+    """Around a harness run: ``TrainingPreempted`` (a signal stopped training after its checkpoint was saved) ends
+    the process with one line on stderr and exit status 75, the library's "run the same command again"; the run's
+    claim is released on the way out and its record is not written."""
+    from hf_condinit.callbacks import PREEMPTED_EXIT_CODE, TrainingPreempted
+
+    try:
+        yield
+    except TrainingPreempted as err:
+        print(f"[{tag}] {err}", file=sys.stderr)
+        raise SystemExit(PREEMPTED_EXIT_CODE) from None
+
+
 def device_name(model) -> str:
     """Where ``model`` ran: "cpu" or the GPU's name (e.g. "cuda: NVIDIA H200")."""
     dev = next(model.parameters()).device

@@ -366,7 +366,6 @@ def execute_runs(runs: list, todo: list, data: "C.LMData", eval_sets: dict, eval
     ``blimp_dir``) plus provenance, ``eval_file_info`` and ``finished_at``) is written last. Returns the record paths
     skipped because another worker holds their lock. A signal during a run saves its checkpoint (the next worker to
     take the run resumes it) and ends the process with one line and exit status 75."""
-    from hf_condinit.callbacks import PREEMPTED_EXIT_CODE, TrainingPreempted
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", dynamic_ncols=True)
@@ -381,11 +380,8 @@ def execute_runs(runs: list, todo: list, data: "C.LMData", eval_sets: dict, eval
                 if os.path.exists(path):
                     print(f"[compare] {path} was made with other settings; redoing it", file=sys.stderr)
                 bar.set_postfix_str(f"{spec.setting}/{spec.extra.get('label', spec.arm)}/seed{spec.seed}")
-                try:
+                with C.exit_75_when_preempted("compare"):
                     rec = train_run(spec, data, run_dir, eval_sets, blimp_dir)
-                except TrainingPreempted as err:
-                    print(f"[compare] {err}", file=sys.stderr)
-                    raise SystemExit(PREEMPTED_EXIT_CODE)
                 rec.update(C.provenance())
                 rec["eval_file_info"] = eval_info
                 rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -40,6 +40,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -287,7 +288,7 @@ def train_run(spec: VisionSpec, train_file: str, curve_file: str, test_file: str
     import torch
     from transformers.trainer_callback import PrinterCallback
 
-    from hf_condinit.scripts_common import CondInitArguments
+    from hf_condinit.scripts_common import CondInitArguments, raise_if_preempted
     from hf_condinit.vision import ImageTransform, load_image_datasets
 
     ric = _load_script()
@@ -320,6 +321,7 @@ def train_run(spec: VisionSpec, train_file: str, curve_file: str, test_file: str
 
     t0, c0 = time.perf_counter(), time.process_time()
     result = trainer.train()
+    raise_if_preempted(trainer)  # a signal: no record of a partly trained model
     rec["train_seconds"] = time.perf_counter() - t0
     rec["train_cpu_seconds"] = time.process_time() - c0  # all threads: wall time on idle cores ≈ this / threads
     rec["train_images_per_second"] = spec.steps * spec.batch_size / rec["train_seconds"]
@@ -578,8 +580,10 @@ def main(argv=None) -> dict:
             if slot != "claimed":  # done or running in another worker sharing --out
                 continue
             t1 = time.time()
-            rec = train_run(spec, train_files.get(spec.n_train, args.train_file), curve_file, test_file,
-                            os.path.join(out, "work", spec.setting, spec.arm, f"seed{spec.seed}"))
+            workdir = os.path.join(out, "work", spec.setting, spec.arm, f"seed{spec.seed}")
+            shutil.rmtree(workdir, ignore_errors=True)  # a stopped run's checkpoint: a run of minutes starts over
+            with C.exit_75_when_preempted("vision"):
+                rec = train_run(spec, train_files.get(spec.n_train, args.train_file), curve_file, test_file, workdir)
             rec.update(C.provenance(), device="cpu")  # the vision mode trains on the CPU only (use_cpu=True)
             C.write_json(path, rec)
         print(f"[vision] {i + 1}/{len(todo)} {spec.setting}/{spec.arm}/seed{spec.seed}: top-1 "

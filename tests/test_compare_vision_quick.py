@@ -86,3 +86,31 @@ def test_compare_vision_quick(tmp_path):
     (out / "results.md").unlink()
     compare.main([*argv, "--report-only"])
     assert (out / "results.md").read_text() == md
+
+
+@pytest.mark.skipif(not (CIFAR / "train.parquet").exists(), reason="needs ../shared/data/cifar10")
+def test_a_signal_during_a_vision_run_writes_no_record(tmp_path):
+    """SIGTERM during training: the Trainer saves a checkpoint and stops early, and ``trainer.train()`` returns
+    normally; the harness must not record that partly trained model as the finished run. It exits 75 (run the same
+    command again) and leaves no record of the run."""
+    import os
+    import signal
+
+    import torch
+
+    compare = load_script("benchmarks/compare.py", "hf_condinit_bench_compare")
+    out = tmp_path / "vq"
+
+    def sigterm_at_first_training_forward(module, args):
+        if module.training and type(module).__name__.endswith("ForImageClassification"):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(sigterm_at_first_training_forward)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            compare.main(["--task", "vision", "--quick", "--out", str(out), "--threads", "2"])
+    finally:
+        handle.remove()
+    assert stop.value.code == 75
+    assert not list((out / "runs").rglob("*.json"))
+    assert list((out / "work").rglob("checkpoint-1"))
