@@ -160,6 +160,16 @@ def own_grid_states(out: str, p: DepthPlan, eval_name: str | None) -> dict:
     return {d: grid_state(out, p, eval_name, d) for d in p.own_grid_depths}
 
 
+def plan_finished(out: str, p: DepthPlan, eval_name: str | None) -> bool:
+    """Whether the whole plan ``p`` is done under ``out``: every arm's rate decided in the grid at ``grid_depth`` and
+    in every own grid, and every run of :func:`plan` recorded. ``findings.py`` reports the own grid at
+    ``rate_check_depth`` (each arm at its own depth-8 rate, no longer provisional) only then."""
+    state, states = grid_state(out, p, eval_name), own_grid_states(out, p, eval_name)
+    if not all(st[a]["decided"] for st in (state, *states.values()) for a in p.arms):
+        return False
+    return all(S.record_of(out, r) is not None for r in plan(p, state, states=states))
+
+
 def best_rates(p: DepthPlan, state: dict, states: dict | None, depth: int) -> dict:
     """arm -> the rate its runs at ``depth`` use: the own grid's best at an own-grid depth (``states``), else the
     best of the grid at ``grid_depth`` (``state``); None while undecided."""

@@ -15,6 +15,7 @@ only) and judged by the one verdict rule (``benchmarks/_verdict.py``). The block
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import textwrap
@@ -75,7 +76,9 @@ def collect_all() -> dict:
 
     cmp_results, _ = compare.collect(os.path.join(RESULTS, "compare"))
     cells, scale, scale_md = S.collect(os.path.join(RESULTS, "scale"), S.FULL, EVAL)
-    depth, depth_md = D.collect(os.path.join(RESULTS, "depth"), D.FULL, EVAL)
+    own_grid = dataclasses.replace(D.FULL, own_grid_depths=(D.FULL.rate_check_depth,))
+    depth_plan = own_grid if D.plan_finished(os.path.join(RESULTS, "depth"), own_grid, EVAL) else D.FULL
+    depth, depth_md = D.collect(os.path.join(RESULTS, "depth"), depth_plan, EVAL)
     vision = VI.collect(os.path.join(RESULTS, "vision"))
     return dict(compare=cmp_results, compare_md=compare.markdown(cmp_results), scale_cells=cells, scale=scale,
                 scale_md=scale_md, depth=depth, depth_md=depth_md, vision=vision, vision_md=VI.markdown(vision))
@@ -184,17 +187,20 @@ def findings_block(r: dict) -> str:
         + r["scale"]["size_trend"]["conditioned"]["extrapolation_size_means"] + ".")
     dep = r["depth"]["depths"]
     same = r["depth"].get("same_rate", {}).get("conditioned")
+    own, check = r["depth"]["plan"]["own_grid_depths"], r["depth"]["plan"]["rate_check_depth"]
     lines.append(
         "- **Depth sweep, width 64** (20 tokens per non-embedding parameter = "
         + " / ".join(f"{dep[d]['default']['tokens_seen'] / dep[d]['default']['n_all']:.1f}" for d in dep)
         + " per parameter at depth " + " / ".join(map(str, dep)) + "; "
         + "; ".join(f"depth {d}: {_dev(dep[d]['default']['devices'])}" for d in dep)
-        + "; each arm at its best rate of a grid at depth 4). Conditioned against default, each at its own rate: "
+        + "; each arm at its best rate of a grid at depth 4"
+        + "".join(f", at depth {d} of its own grid there" for d in own)
+        + "). Conditioned against default, each at its own rate: "
         + "; ".join(f"depth {d} {_v(dep[d]['conditioned'].get('loss_verdict'))}"
                     for d in dep if "conditioned" in dep[d])
-        + (f". At depth 8 with default at conditioned's rate too: {_v(same['verdict'])}" if same else "")
-        + ". Provisional at depth 8: the arms' own learning-rate grid there is not complete yet (docs/results.md "
-        "\"Across depth\").")
+        + (f". At depth {check} with default at conditioned's rate too: {_v(same['verdict'])}" if same else "")
+        + ("." if check in own else f". Provisional at depth {check}: the arms' own learning-rate grid there is not "
+           "complete yet (docs/results.md \"Across depth\")."))
     accs = [x for cell in r["scale_cells"].values() for a in cell.values() for x in a.values()
             if x.get("blimp") is not None]
     accs = [x["blimp"] for x in accs] + [b for row in dep.values() for a in row.values() for b in a["blimp"].values()

@@ -137,6 +137,18 @@ def test_every_rate_diverged_is_decided_without_runs_at_a_rate(tmp_path):
     assert D._best_text(dict(g, decided=False)) == "not decided (grid unfinished)"
 
 
+def _copy_committed_records(tmp_path) -> str:
+    """A copy of the committed depth-sweep records (``runs/**.json``) under ``tmp_path``; returns that folder."""
+    src = os.path.join(DEPTH_RECORDS, "runs")
+    for root, _, files in os.walk(src):
+        for fn in files:
+            if fn.endswith(".json"):
+                dst = tmp_path / "runs" / os.path.relpath(root, src)
+                dst.mkdir(parents=True, exist_ok=True)
+                shutil.copy(os.path.join(root, fn), dst)
+    return str(tmp_path)
+
+
 def test_committed_depth_records_give_the_same_rates_and_plan(tmp_path):
     """The committed records of benchmarks/results/depth (copied, read only): each arm's best rate and the whole
     plan (with and without the own grid at depth 8) are what the old ladder loop gives; the depth-4 grid's rates are
@@ -145,14 +157,7 @@ def test_committed_depth_records_give_the_same_rates_and_plan(tmp_path):
     import json
 
     D = _depth()
-    src = os.path.join(DEPTH_RECORDS, "runs")
-    for root, _, files in os.walk(src):
-        for fn in files:
-            if fn.endswith(".json"):
-                dst = tmp_path / "runs" / os.path.relpath(root, src)
-                dst.mkdir(parents=True, exist_ok=True)
-                shutil.copy(os.path.join(root, fn), dst)
-    out = str(tmp_path)
+    out = _copy_committed_records(tmp_path)
     metric = "wiki.valid.raw"
 
     def loss_of(p, label, depth):
@@ -190,3 +195,35 @@ def test_committed_depth_records_give_the_same_rates_and_plan(tmp_path):
             assert D.best_rates(p, state, {}, 4) == {"default": 3e-3, "conditioned": 1e-2, "conditioned_v0.25": 3e-3,
                                                     "mimetic": 3e-3, "affine_scaled": 3e-3}
             assert len(old_plan) == 75  # grid 20, depth runs 2 × 5 + 3 × 5 + 5 × 5, default at 1e-2 at depth 8: 5
+
+
+def test_the_plan_is_finished_only_once_every_run_is_recorded(tmp_path):
+    """``_depth.plan_finished`` (what switches the findings to the depth-8 own grid, no longer provisional): on the
+    committed records plus planted records for whatever the plan still lacks (a loss curve with its minimum at 1e-2,
+    inside the grid), it turns true exactly when the last planned run is recorded, and false again when a depth-8
+    seed's record goes."""
+    import dataclasses
+
+    D = _depth()
+    out = _copy_committed_records(tmp_path)
+    metric = "wiki.valid.raw"
+    p = dataclasses.replace(D.FULL, own_grid_depths=(8,))
+
+    def missing():
+        state, states = D.grid_state(out, p, metric), D.own_grid_states(out, p, metric)
+        return [r for r in D.plan(p, state, states=states) if D.S.record_of(out, r) is None]
+
+    for _ in range(10):  # planting decides the open grids, which then plan their seeds
+        todo = missing()
+        if not todo:
+            break
+        assert not D.plan_finished(out, p, metric)
+        for spec in todo:
+            loss = 4.5 + (math.log10(spec.lr) + 2) ** 2 + 0.001 * spec.seed
+            D.C.write_json(D.S.record_paths(out, spec)[0],
+                           dict(key=spec.key(), spec={}, final_eval_loss=loss, eval_files={metric: dict(loss=loss)}))
+    assert not missing() and D.plan_finished(out, p, metric)
+    state, states = D.grid_state(out, p, metric), D.own_grid_states(out, p, metric)
+    seed4 = [r for r in D.plan(p, state, states=states) if r.n_layer == 8 and r.seed == 4]
+    os.remove(D.S.record_paths(out, seed4[-1])[0])  # one depth-8 seed less: not finished
+    assert not D.plan_finished(out, p, metric)
