@@ -34,6 +34,11 @@ from hf_condinit.scripts.checkpoints import newest_complete_checkpoint
 from hf_condinit.study.files import write_json
 
 RUN_STATE = "harness_run.json"  # in a run's Trainer folder: {"key", "cpu_seconds", "wall_seconds", "resumed_at"}
+GAIN_KEYS = ("qk_gain", "v_gain")  # the TrainSpec fields that change the conditioned init only
+SWEEP_KEYS = ("qk_gain", "v_gain", "lr", "n_layer", "n_embd", "n_head", "steps", "batch_size", "block_size",
+              "warmup", "weight_decay")  # the TrainSpec fields a compare.py --sweep setting may override
+
+
 @dataclass
 class TrainSpec:
     arm: str

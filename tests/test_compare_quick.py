@@ -174,7 +174,9 @@ def test_compare_quick(tmp_path):
     assert again["settings"]["base"]["arms"]["default"]["ppl_mean"] == arms["default"]["ppl_mean"]
     for name in ("loss.png", "kappa.png"):
         assert (out / name).stat().st_size > 0, name
-    groups = compare.base_groups([recs["default"], recs["conditioned"]])
+    import _lm_report
+
+    groups = _lm_report.base_groups([recs["default"], recs["conditioned"]])
     assert [g.label for g in groups] == ["default", "conditioned"]
     run = groups[0].runs[0]
     assert run.eval_curve("eval_loss") == ([s for s, _ in recs["default"]["eval_curve"]],
