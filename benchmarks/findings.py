@@ -1,7 +1,7 @@
 """Write README's "What we found" and docs/results.md's result tables from the committed run records (issue 28).
 
 Every figure in those blocks is computed here from ``benchmarks/results/{compare,scale,depth,vision}/runs`` with the
-harness's own aggregation (``_lm_report.collect``, ``_scale.collect``, ``_depth.collect``, ``_vision.collect``: read
+harness's own aggregation (``_lm_report.collect``, ``_scale.collect``, ``_depth_report.collect``, ``_vision.collect``: read
 only) and judged by the one verdict rule (``benchmarks/_verdict.py``). The blocks sit between markers:
 
 - README.md: ``<!-- BEGIN GENERATED: findings -->`` … ``<!-- END GENERATED: findings -->``;
@@ -69,16 +69,17 @@ def _v(v: dict, nd: int = 3, scale: float = 1.0, unit: str = "") -> str:
 
 def collect_all() -> dict:
     """Every mode's aggregate and markdown from the committed records (read only)."""
-    import _depth as D
+    import _depth_plan as DP
+    import _depth_report as DR
     import _scale as S
     import _vision as VI
     import _lm_report as R
 
     cmp_results, _ = R.collect(os.path.join(RESULTS, "compare"))
     cells, scale, scale_md = S.collect(os.path.join(RESULTS, "scale"), S.FULL, EVAL)
-    own_grid = dataclasses.replace(D.FULL, own_grid_depths=(D.FULL.rate_check_depth,))
-    depth_plan = own_grid if D.plan_finished(os.path.join(RESULTS, "depth"), own_grid, EVAL) else D.FULL
-    depth, depth_md = D.collect(os.path.join(RESULTS, "depth"), depth_plan, EVAL)
+    own_grid = dataclasses.replace(DP.FULL, own_grid_depths=(DP.FULL.rate_check_depth,))
+    depth_plan = own_grid if DP.plan_finished(os.path.join(RESULTS, "depth"), own_grid, EVAL) else DP.FULL
+    depth, depth_md = DR.collect(os.path.join(RESULTS, "depth"), depth_plan, EVAL)
     vision = VI.collect(os.path.join(RESULTS, "vision"))
     return dict(compare=cmp_results, compare_md=R.markdown(cmp_results), scale_cells=cells, scale=scale,
                 scale_md=scale_md, depth=depth, depth_md=depth_md, vision=vision, vision_md=VI.markdown(vision))

@@ -13,10 +13,12 @@ from utils import WIKI_TRAIN, WIKI_VALID, load_script
 
 
 def _modules():
+    """``(compare, _depth_plan)``; ``benchmarks/`` is on sys.path once compare.py is loaded (``_depth_report``
+    then imports as well)."""
     compare = load_script("benchmarks/compare.py", "hf_condinit_bench_compare")
-    import _depth  # benchmarks/ is on sys.path once compare.py is loaded
+    import _depth_plan
 
-    return compare, _depth
+    return compare, _depth_plan
 
 
 def _non_embedding(n_layer, n_embd):
@@ -109,7 +111,9 @@ def test_same_rate_check_and_its_verdict():
     cell = lambda losses: {s: dict(loss=x) for s, x in enumerate(losses)}  # noqa: E731
     runs = {(8, 20.0, 1e-2): {"conditioned": cell([4.66, 4.74, 4.76]), "default": cell([4.68, 4.77, 4.78])},
             (8, 20.0, 3e-3): {"default": cell([4.90, 4.91, 4.90])}}
-    res = D.same_rate_check(runs, p, best)
+    import _depth_report as DR
+
+    res = DR.same_rate_check(runs, p, best)
     assert list(res) == ["conditioned"]
     r = res["conditioned"]
     gaps = [4.66 - 4.68, 4.74 - 4.77, 4.76 - 4.78]
@@ -122,9 +126,9 @@ def test_same_rate_check_and_its_verdict():
 
     assert r["verdict"]["p"] == pytest.approx(stats.ttest_1samp(gaps, 0.0).pvalue)
     assert r["verdict"]["verdict"] == ("better" if stats.ttest_1samp(gaps, 0.0).pvalue < 0.05 else "no")
-    md = D.markdown(dict(grid={}, shared_rate={}, depths={}, same_rate=res), p, "valid.raw", 3, 3, 1.0)
+    md = DR.markdown(dict(grid={}, shared_rate={}, depths={}, same_rate=res), p, "valid.raw", 3, 3, 1.0)
     assert "Same-rate check" in md and f"{sum(gaps) / 3:+.3f}" in md
-    assert D.same_rate_check(runs, p, dict(best, default=None)) == {}
+    assert DR.same_rate_check(runs, p, dict(best, default=None)) == {}
 
 
 def _fake_record(D, out, spec, loss):

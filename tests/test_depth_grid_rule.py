@@ -19,10 +19,11 @@ LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 
 
 def _depth():
+    """``benchmarks/_depth_plan.py`` (on sys.path once compare.py is loaded)."""
     load_script("benchmarks/compare.py", "hf_condinit_bench_compare")
-    import _depth  # benchmarks/ is on sys.path once compare.py is loaded
+    import _depth_plan
 
-    return _depth
+    return _depth_plan
 
 
 def ladder_reference(grid_lrs, loss_of, ladder):
@@ -133,8 +134,10 @@ def test_every_rate_diverged_is_decided_without_runs_at_a_rate(tmp_path):
     assert st[label]["decided"] and st[label]["best"] is None and st[label]["tried"] == list(p.grid_lrs)
     assert not any(r.extra["label"] == label and r.tokens_per_param == p.main_tpp for r in D.plan(p, st))
     g = dict(best_lr=None, decided=True)
-    assert D._best_text(g) == "none: every rate diverged"
-    assert D._best_text(dict(g, decided=False)) == "not decided (grid unfinished)"
+    import _depth_report as DR
+
+    assert DR._best_text(g) == "none: every rate diverged"
+    assert DR._best_text(dict(g, decided=False)) == "not decided (grid unfinished)"
 
 
 def _copy_committed_records(tmp_path) -> str:
@@ -198,7 +201,7 @@ def test_committed_depth_records_give_the_same_rates_and_plan(tmp_path):
 
 
 def test_the_plan_is_finished_only_once_every_run_is_recorded(tmp_path):
-    """``_depth.plan_finished`` (what switches the findings to the depth-8 own grid, no longer provisional): on the
+    """``_depth_plan.plan_finished`` (what switches the findings to the depth-8 own grid, no longer provisional): on the
     committed records plus planted records for whatever the plan still lacks (a loss curve with its minimum at 1e-2,
     inside the grid), it turns true exactly when the last planned run is recorded, and false again when a depth-8
     seed's record goes."""

@@ -7,7 +7,7 @@ one); when the best is the lowest or highest rate tried, the grid grows by one g
 of the two rates at that edge, rounded to 3 significant digits), at most ``lr_extend`` times per arm; the other
 seeds then run at the chosen rate. With one ``--lr`` every cell runs at it; with none, at the command's own rate.
 The decision itself is :func:`choose_rate`, the one rule for a learning-rate grid in the project: the study grows a
-grid by :func:`geometric_extension`, ``benchmarks/_depth.py`` along its fixed ladder by :func:`ladder_extension`.
+grid by :func:`geometric_extension`, ``benchmarks/_depth_plan.py`` along its fixed ladder by :func:`ladder_extension`.
 
 The work is a fixed list of **slots** (:func:`slots`), the same for every worker and for the SLURM array (slot i =
 array task i): the grid cells, then ``lr_extend`` rounds of one extension slot per arm, then the other seeds, seed
@@ -141,7 +141,7 @@ def geometric_extension(max_steps: int):
 
 
 def ladder_extension(ladder):
-    """``benchmarks/_depth.py``'s ``extend`` for :func:`choose_rate`: the next rate of the ascending ``ladder``
+    """``benchmarks/_depth_plan.py``'s ``extend`` for :func:`choose_rate`: the next rate of the ascending ``ladder``
     (of which the grid is a contiguous part) beyond the edge, as often as the ladder goes on."""
 
     def extend(tried: list, best: float, n: int) -> float | None:
