@@ -288,7 +288,7 @@ def train_run(spec: VisionSpec, train_file: str, curve_file: str, test_file: str
     import torch
     from transformers.trainer_callback import PrinterCallback
 
-    from hf_condinit.scripts_common import CondInitArguments, raise_if_preempted
+    from hf_condinit.scripts_common import CondInitArguments
     from hf_condinit.vision import ImageTransform, load_image_datasets
 
     ric = _load_script()
@@ -320,8 +320,7 @@ def train_run(spec: VisionSpec, train_file: str, curve_file: str, test_file: str
     rec["kappa_init"] = measure_kappa(model, probe[:1], spec.kappa_layers) if spec.kappa_init else None
 
     t0, c0 = time.perf_counter(), time.process_time()
-    result = trainer.train()
-    raise_if_preempted(trainer)  # a signal: no record of a partly trained model
+    result = trainer.train()  # CondInitTrainer: a signal raises TrainingPreempted (no record of a partial run)
     rec["train_seconds"] = time.perf_counter() - t0
     rec["train_cpu_seconds"] = time.process_time() - c0  # all threads: wall time on idle cores ≈ this / threads
     rec["train_images_per_second"] = spec.steps * spec.batch_size / rec["train_seconds"]

@@ -22,8 +22,7 @@ What every script calls (one call each):
 - :func:`check_attention_usable`, :func:`check_loaded_model_flags`, :meth:`CondInitArguments.condinit_dict`: the
   model flags against the machine, the model class and each other, before any work.
 - :class:`CondInitTrainer`: no weight decay on ``condinit_`` holders, biases and norms, a non-finite loss stops the
-  run, quiet tied-weight resumes; :func:`train_and_save`, :func:`evaluate_with_perplexity`: the shared tail
-  (:func:`raise_if_preempted` for code that calls ``trainer.train()`` itself).
+  run, quiet tied-weight resumes; :func:`train_and_save`, :func:`evaluate_with_perplexity`: the shared tail.
 
 How "not set by the user" is detected: the defaults are installed as *parser* defaults with
 ``HfArgumentParser.set_defaults`` (argparse's own mechanism), so an explicit flag always wins and an absent flag
@@ -43,7 +42,6 @@ from .scripts.lifecycle import (
     claim_output_dir,
     evaluate_with_perplexity,
     find_last_checkpoint,
-    raise_if_preempted,
     select_splits,
     train_and_save,
 )
@@ -103,7 +101,6 @@ __all__ = [
     "resolve_model_config",
     "find_last_checkpoint",
     "train_and_save",
-    "raise_if_preempted",
     "evaluate_with_perplexity",
     "parse_and_set_up",
 ]

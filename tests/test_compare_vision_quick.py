@@ -90,9 +90,9 @@ def test_compare_vision_quick(tmp_path):
 
 @pytest.mark.skipif(not (CIFAR / "train.parquet").exists(), reason="needs ../shared/data/cifar10")
 def test_a_signal_during_a_vision_run_writes_no_record(tmp_path):
-    """SIGTERM during training: the Trainer saves a checkpoint and stops early, and ``trainer.train()`` returns
-    normally; the harness must not record that partly trained model as the finished run. It exits 75 (run the same
-    command again) and leaves no record of the run."""
+    """SIGTERM during training: the Trainer saves a checkpoint and stops early (the stock ``train()`` would then
+    return normally; ``CondInitTrainer.train`` raises); the harness must not record that partly trained model as the
+    finished run. It exits 75 (run the same command again) and leaves no record of the run."""
     import os
     import signal
 

@@ -130,6 +130,31 @@ def test_non_finite_loss_stops_the_run_with_an_error(tmp_path, nan_filter):
         trainer.train()
 
 
+def test_a_signal_makes_train_raise_instead_of_returning(tmp_path):
+    """A user's own script calls ``CondInitTrainer.train()`` and then saves: a SIGTERM during training must not let
+    ``train()`` return as if the run were finished (the stock Trainer returns once the callback stops it, and the
+    script would save the partly trained model as the result). It raises ``TrainingPreempted`` naming the complete
+    checkpoint it saved; an undisturbed ``train()`` returns as before."""
+    import signal
+
+    from hf_condinit.callbacks import TrainingPreempted
+    from hf_condinit.scripts.checkpoints import check_checkpoint
+
+    trainer = _tiny_trainer(tmp_path)
+
+    def sigterm_in_step_1(module, args):
+        if module.training:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handle = trainer.model.register_forward_pre_hook(sigterm_in_step_1)
+    with pytest.raises(TrainingPreempted) as stop:
+        trainer.train()
+    handle.remove()
+    assert stop.value.step == 1 and stop.value.max_steps == 3
+    assert stop.value.checkpoint == str(tmp_path / "t" / "checkpoint-1") and check_checkpoint(stop.value.checkpoint) is None
+    assert _tiny_trainer(tmp_path / "again").train().global_step == 3
+
+
 def test_non_finite_callback_reads_every_loss_key():
     cb = NonFiniteLossCallback()
     state = SimpleNamespace(global_step=5)

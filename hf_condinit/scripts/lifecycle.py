@@ -153,15 +153,14 @@ def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_si
     card refreshed after the script's final evaluation (``hf_condinit.callbacks.RunReportCallback``).
 
     With a :class:`~.trainer.CondInitTrainer`: a signal (SIGTERM / SIGINT / SIGUSR1) during training saves a
-    checkpoint and raises :class:`hf_condinit.callbacks.TrainingPreempted` instead of finishing the run (no final
-    model, no ``train_results.json``: the rerun resumes); ``train_loss``, ``train_wall_seconds`` and
+    checkpoint, and ``trainer.train`` raises :class:`hf_condinit.callbacks.TrainingPreempted` instead of finishing
+    the run (no final model, no ``train_results.json``: the rerun resumes); ``train_loss``, ``train_wall_seconds`` and
     ``train_segments`` cover every resumed segment (:class:`hf_condinit.callbacks.RunTotalsCallback`; the stock
     Trainer's figures for the last segment alone stay as ``train_runtime`` and ``train_samples_per_second``)."""
     from ..callbacks import RunReportCallback
 
     RunReportCallback.attach(trainer)
     train_result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-    raise_if_preempted(trainer)
     trainer.save_model()
     metrics = dict(train_result.metrics)
     totals = getattr(trainer, "run_totals", None)
@@ -176,19 +175,6 @@ def train_and_save(trainer, train_dataset, resume_from_checkpoint=None, block_si
     trainer.save_metrics("train", metrics)
     trainer.save_state()
     return metrics
-
-
-def raise_if_preempted(trainer) -> None:
-    """Call right after ``trainer.train()``: raise :class:`hf_condinit.callbacks.TrainingPreempted` when a signal
-    stopped a :class:`~.trainer.CondInitTrainer` before its last step (the checkpoint it saved is named in the
-    message). ``trainer.train()`` itself returns normally then, so code that goes on to evaluate or record the run
-    would take a partly trained model for the finished one."""
-    from ..callbacks import TrainingPreempted
-
-    preemption = getattr(trainer, "preemption", None)
-    if preemption is not None and preemption.stopped_early(trainer.state):
-        saved = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
-        raise TrainingPreempted(preemption.received, saved, trainer.state.global_step, trainer.state.max_steps)
 
 
 def train_samples(trainer, train_dataset) -> int:

@@ -47,7 +47,9 @@ class CondInitTrainer(_Trainer):
       into place; ``--save_total_limit`` deletes old ones only after the new one is complete; a save that finds no
       room says so (:class:`.checkpoints.CheckpointSaveError`) and leaves the previous checkpoint intact;
     - SIGTERM / SIGINT / SIGUSR1 save a checkpoint at the end of the step and stop
-      (:class:`hf_condinit.callbacks.PreemptionCallback`, ``self.preemption``);
+      (:class:`hf_condinit.callbacks.PreemptionCallback`, ``self.preemption``): :meth:`train` then raises
+      :class:`hf_condinit.callbacks.TrainingPreempted` rather than returning, so that no caller takes the partly
+      trained model for a finished one;
     - the run's loss, wall time and segment count span resumes (:class:`hf_condinit.callbacks.RunTotalsCallback`,
       ``self.run_totals``);
     - a training stream that is already this rank's own share (``--streaming`` under several processes:
@@ -62,6 +64,19 @@ class CondInitTrainer(_Trainer):
         self._staging_root = None
         extra = [NonFiniteLossCallback(), self.preemption, self.run_totals]
         super().__init__(*args, callbacks=[*(callbacks or []), *extra], **kwargs)
+
+    def train(self, *args, **kwargs):
+        """The stock ``train``. When a signal stopped it before its last step, raise
+        :class:`hf_condinit.callbacks.TrainingPreempted` (naming the checkpoint it saved) instead of returning as
+        the stock Trainer does: code after ``train()`` would otherwise save and evaluate the partly trained model as
+        the run's result."""
+        from ..callbacks import TrainingPreempted
+
+        result = super().train(*args, **kwargs)
+        if self.preemption.stopped_early(self.state):
+            saved = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+            raise TrainingPreempted(self.preemption.received, saved, self.state.global_step, self.state.max_steps)
+        return result
 
     def get_train_dataloader(self):
         """The stock loader; for a stream marked as this rank's share (:func:`hf_condinit.data.streaming.rows_of_rank`)
