@@ -31,7 +31,7 @@ scale sweep's 2 × 64 runs at its shared rate (seeds 0-2), read from ``benchmark
 
 Resumable and shared like the scale sweep (``_lm_run.execute_runs``: one record per finished run, lock files, any
 number of workers on one ``--out``; default ``benchmarks/results/depth``); a worker whose remaining runs wait on
-another worker's grid run polls every 30 s. Cost: ``cost.json`` per size (``_scale.measure_cost``), the estimate
+another worker's grid run polls every 30 s. Cost: ``cost.json`` per size (``_scale_plan.measure_cost``), the estimate
 printed before training (training, evaluation and BLiMP forward tokens; κ and the Trainer's overhead not included).
 
     python benchmarks/compare.py --depth-sweep --threads 1                  # full mode (two workers: README)
@@ -56,6 +56,7 @@ import time
 import _common as C
 import _lm_run as LM
 import _scale as S
+import _scale_plan as SP
 from _common import fail
 from _depth_plan import FULL, QUICK, blimp_tokens, estimate_lines, grid_state, own_grid_states, plan
 from _depth_report import report
@@ -88,21 +89,21 @@ def run(args) -> dict:
     data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
     full = plan(p, state, placeholder=True, states=own_grid_states(out, p, eval_name))
-    done = [r for r in full if S.record_of(out, r) is not None]
-    costs = S.load_costs(out, p, p.sizes + list(p.dropped))
+    done = [r for r in full if SP.record_of(out, r) is not None]
+    costs = SP.load_costs(out, p, p.sizes + list(p.dropped))
     for line in estimate_lines(p, out, full, done, costs, sum(i["evaluated_tokens"] for i in eval_info.values()),
                                blimp_tokens(data.tokenizer, blimp)):
         print(line, file=sys.stderr)
     print(f"[depth] training data: {data.info['train_tokens']:,} tokens; output {out}; BLiMP: {blimp or 'off'}",
           file=sys.stderr)
-    paths = lambda r: S.record_paths(out, r)  # noqa: E731
+    paths = lambda r: SP.record_paths(out, r)  # noqa: E731
     while True:
         state = grid_state(out, p, eval_name)
         states = own_grid_states(out, p, eval_name)
         runs = plan(p, state, states=states)
-        C.add_missing_blimp([paths(r) for r in runs if S.record_of(out, r) is not None], data.tokenizer, blimp,
+        C.add_missing_blimp([paths(r) for r in runs if SP.record_of(out, r) is not None], data.tokenizer, blimp,
                             "depth", data)
-        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and S.record_of(out, r) is None
+        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and SP.record_of(out, r) is None
                 and not C.claimed_elsewhere(paths(r)[0])]
         if todo:
             LM.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
@@ -115,7 +116,7 @@ def run(args) -> dict:
               f"{POLL_SECONDS} s", file=sys.stderr)
         time.sleep(POLL_SECONDS)
     left = [r for r in plan(p, grid_state(out, p, eval_name), states=own_grid_states(out, p, eval_name))
-            if S.record_of(out, r) is None]
+            if SP.record_of(out, r) is None]
     if left:
         print(f"[depth] {len(left)} runs are left to other workers (or other --depths); run --report-only when they "
               "are finished", file=sys.stderr)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import _common as C
 import _lm_run as LM
-import _scale as S
+import _scale_plan as SP
 
 from hf_condinit.study.plan import choose_rate, ladder_extension
 
@@ -54,7 +54,7 @@ class DepthPlan:
 
 FULL = DepthPlan(width=64, n_head=2, depths=(2, 4, 8), seeds=(2, 3, 5), main_tpp=20.0, grid_depth=4, grid_tpp=5.0,
                  grid_lrs=(1e-3, 3e-3, 1e-2, 3e-2), ladder=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
-                 shared_lr=3e-3, arms=tuple(S.ARMS), batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16,
+                 shared_lr=3e-3, arms=tuple(SP.ARMS), batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16,
                  final_eval_blocks=64, dropped=((8, 96, 3),),
                  shared_from=os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale"), rate_check_depth=8)
 QUICK = DepthPlan(width=32, n_head=4, depths=(1, 2), seeds=(1, 2), main_tpp=0.25, grid_depth=2, grid_tpp=0.1,
@@ -73,18 +73,18 @@ def grid_spec(p: DepthPlan, label: str, lr: float, depth: int | None = None) -> 
     """A grid run: seed 0 at rate ``lr``; at ``grid_depth`` and ``grid_tpp`` (``depth`` None), or at ``depth`` and
     ``main_tpp`` (an own-grid depth: the run is that depth's seed-0 run at ``lr``)."""
     if depth is None:
-        return S.make_spec(p, label, p.size(p.grid_depth), p.grid_tpp, lr, 0, KAPPA_AT)
+        return SP.make_spec(p, label, p.size(p.grid_depth), p.grid_tpp, lr, 0, KAPPA_AT)
     return depth_spec(p, label, depth, lr, 0)
 
 
 def depth_spec(p: DepthPlan, label: str, depth: int, lr: float, seed: int) -> LM.TrainSpec:
-    return S.make_spec(p, label, p.size(depth), p.main_tpp, lr, seed, KAPPA_AT)
+    return SP.make_spec(p, label, p.size(depth), p.main_tpp, lr, seed, KAPPA_AT)
 
 
 def record_metric(rec: dict, eval_name: str | None) -> float:
     """The compared loss of a record (WikiText-2 valid when evaluated, else the internal held-out split); a
     non-finite loss (a diverged run) counts as +inf."""
-    loss = S._metric(rec, eval_name)
+    loss = SP._metric(rec, eval_name)
     return loss if loss is not None and math.isfinite(loss) else math.inf
 
 
@@ -98,7 +98,7 @@ def grid_state(out: str, p: DepthPlan, eval_name: str | None, depth: int | None 
     state = {}
     for label in p.arms:
         def loss(lr, label=label):
-            rec = S.record_of(out, grid_spec(p, label, lr, depth))
+            rec = SP.record_of(out, grid_spec(p, label, lr, depth))
             return None if rec is None else record_metric(rec, eval_name)
 
         state[label] = choose_rate(p.grid_lrs, loss, ladder_extension(p.ladder))
@@ -117,7 +117,7 @@ def plan_finished(out: str, p: DepthPlan, eval_name: str | None) -> bool:
     state, states = grid_state(out, p, eval_name), own_grid_states(out, p, eval_name)
     if not all(st[a]["decided"] for st in (state, *states.values()) for a in p.arms):
         return False
-    return all(S.record_of(out, r) is not None for r in plan(p, state, states=states))
+    return all(SP.record_of(out, r) is not None for r in plan(p, state, states=states))
 
 
 def best_rates(p: DepthPlan, state: dict, states: dict | None, depth: int) -> dict:
@@ -187,7 +187,7 @@ def estimate_lines(p: DepthPlan, out: str, runs: list, done: list, costs: dict, 
     idle cores with two single-thread workers, and what the dropped sizes would add."""
     def est(r):
         c = costs["sizes"][r.extra["size"]]
-        return S.run_cpu_estimate(r, c, eval_tokens) + 1e-6 * n_blimp * c["eval_cpu_us_per_token"]
+        return SP.run_cpu_estimate(r, c, eval_tokens) + 1e-6 * n_blimp * c["eval_cpu_us_per_token"]
 
     lines = ["[depth] CPU time per token (user + system, one thread, forward + backward + AdamW / forward; measured "
              "once on random tokens, cost.json):"]
@@ -205,14 +205,14 @@ def estimate_lines(p: DepthPlan, out: str, runs: list, done: list, costs: dict, 
                  f"({left / 7200:.2f} h on 2 cores). κ(J) and the Trainer's overhead not included; the grid may add "
                  "a rate per arm.")
     for size in p.dropped:
-        name = S.size_name(size)
+        name = SP.size_name(size)
         if name in costs["sizes"]:
-            extra = [S.make_spec(p, a, size, p.main_tpp, p.shared_lr, s, KAPPA_AT) for s in range(min(p.seeds))
+            extra = [SP.make_spec(p, a, size, p.main_tpp, p.shared_lr, s, KAPPA_AT) for s in range(min(p.seeds))
                      for a in p.arms]
-            cost = sum(S.run_cpu_estimate(r, costs["sizes"][name], eval_tokens) for r in extra)
+            cost = sum(SP.run_cpu_estimate(r, costs["sizes"][name], eval_tokens) for r in extra)
             lines.append(f"[depth] not in the plan: {name} ({len(extra)} runs) would add {cost / 3600:.2f} core-h "
                          f"({cost / 7200:.2f} h on 2 cores)")
-    recs = [(r, S.record_of(out, r)) for r in done]
+    recs = [(r, SP.record_of(out, r)) for r in done]
     recs = [(r, x) for r, x in recs if x and "cpu_seconds" in x]
     if recs:
         ratio = sum(x["cpu_seconds"] for _, x in recs) / sum(est(r) for r, _ in recs)

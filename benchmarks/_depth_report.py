@@ -11,7 +11,8 @@ import os
 import statistics
 
 import _common as C
-import _scale as S
+import _scale_plan as SP
+import _scale_report as SR
 import _verdict as V
 from _common import fail
 from _depth_plan import DepthPlan, best_rates, grid_state, own_grid_states, plan, record_metric
@@ -91,8 +92,8 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
         for a, seeds in cells.items():
             if not seeds:
                 continue
-            g_loss_d = S.paired_gaps({a: seeds}, a, "loss", default=dflt)
-            g_blimp_d = S.paired_gaps({a: seeds}, a, "blimp", default=dflt)
+            g_loss_d = SR.paired_gaps({a: seeds}, a, "loss", default=dflt)
+            g_blimp_d = SR.paired_gaps({a: seeds}, a, "blimp", default=dflt)
             g_loss, g_blimp = list(g_loss_d.values()), list(g_blimp_d.values())
             cross = ([C.crossing_step(r["eval_curve"], target) for r in seeds.values()] if target is not None
                      else [])
@@ -105,7 +106,7 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
                 blimp={s: r["blimp"] for s, r in sorted(seeds.items())}, steps=next(iter(seeds.values()))["steps"],
                 n=next(iter(seeds.values()))["n"], n_all=next(iter(seeds.values()))["n_all"],
                 tokens_seen=next(iter(seeds.values()))["tokens_seen"],
-                devices=sorted({S._device_word(r["device"]) for r in seeds.values()}),
+                devices=sorted({SR._device_word(r["device"]) for r in seeds.values()}),
                 from_scale_sweep=sorted(s for s, r in seeds.items() if r["source"] == p.shared_from),
                 gap_loss=g_loss_d, gap_loss_ms=V.mean_std(g_loss), gap_blimp=g_blimp_d,
                 gap_blimp_ms=V.mean_std(g_blimp), steps_to_default_final=cross,
@@ -153,7 +154,7 @@ def same_rate_check(runs: dict, p: DepthPlan, best: dict) -> dict:
         if a == "default" or best[a] is None or best[a] == best["default"]:
             continue
         cell = runs.get((depth, p.main_tpp, best[a]), {})
-        gaps = S.paired_gaps(cell, a)
+        gaps = SR.paired_gaps(cell, a)
         dflt = cell.get("default", {})
         own = runs.get((depth, p.main_tpp, best["default"]), {}).get("default", {})
         out[a] = dict(depth=depth, lr=best[a], default_lr=best["default"], seeds=sorted(gaps),
@@ -172,19 +173,19 @@ def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> di
     (seeds 0-2) next to this sweep's depth-2 gap at each arm's own rate (``own``: :func:`analyse`'s depth row)."""
     if not p.shared_from or not os.path.isdir(os.path.join(p.shared_from, "runs")):
         return {}
-    cells = S.load_cells(p.shared_from, eval_name)
-    name = S.size_name(p.size(2))
+    cells = SR.load_cells(p.shared_from, eval_name)
+    name = SP.size_name(p.size(2))
     out: dict = {}
     lr_cells = {k[2]: v for k, v in cells.items() if k[0] == name and k[1] == p.grid_tpp}
     if lr_cells:
-        sweep = S.lr_sweep(lr_cells, p.arms)
+        sweep = SR.lr_sweep(lr_cells, p.arms)
         key = f"2x{p.width}, {p.grid_tpp:g} tok/param (scale sweep; shared: every seed, own: seeds of every rate)"
         for a in p.arms:
             if a == "default" or a not in sweep or "default" not in sweep:
                 continue
             ba, bd = sweep[a]["best"], sweep["default"]["best"]
-            sh = S.paired_gaps(lr_cells.get(p.shared_lr, {}), a).values()
-            own_g = S.paired_gaps(lr_cells[ba], a, default=lr_cells[bd].get("default", {})).values()
+            sh = SR.paired_gaps(lr_cells.get(p.shared_lr, {}), a).values()
+            own_g = SR.paired_gaps(lr_cells[ba], a, default=lr_cells[bd].get("default", {})).values()
             out.setdefault(key, {})[a] = dict(shared=V.mean_std(sh)[0], own=V.mean_std(own_g)[0], own_lr=ba,
                                               default_lr=bd)
     main = cells.get((name, p.main_tpp, p.shared_lr))
@@ -193,7 +194,7 @@ def shared_rate_from_scale(p: DepthPlan, eval_name: str | None, own: dict) -> di
         for a in p.arms:
             if a == "default":
                 continue
-            g = list(S.paired_gaps(main, a).values())
+            g = list(SR.paired_gaps(main, a).values())
             out.setdefault(key, {})[a] = dict(shared=V.mean_std(g)[0],
                                               own=(own.get(a) or {}).get("gap_loss_ms", (None,))[0])
     return out
@@ -216,7 +217,7 @@ def _best_text(g: dict) -> str:
 
 
 def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_planned: int, cpu: float) -> str:
-    f = S._f
+    f = SR._f
     metric = f"`{eval_name}`" if eval_name else "the internal held-out split"
     lines = [f"Metric: loss / perplexity on {metric} at the end of each run; BLiMP accuracy (%, EOS prefix); "
              "Δ = arm − default, both at their own best learning rate of the grid, paired by seed; mean ± std over "
@@ -429,7 +430,7 @@ def collect(out: str, p: DepthPlan, eval_name: str | None) -> tuple[dict, str]:
     runs = load_runs(out, eval_name)
     if p.shared_from and os.path.isdir(os.path.join(p.shared_from, "runs")):
         shared = {}
-        for (size, tpp, lr), cell in S.load_cells(p.shared_from, eval_name).items():
+        for (size, tpp, lr), cell in SR.load_cells(p.shared_from, eval_name).items():
             depth, width = map(int, size.split("x"))
             if width != p.width:
                 continue

@@ -1,7 +1,7 @@
 """Write README's "What we found" and docs/results.md's result tables from the committed run records (issue 28).
 
 Every figure in those blocks is computed here from ``benchmarks/results/{compare,scale,depth,vision}/runs`` with the
-harness's own aggregation (``_lm_report.collect``, ``_scale.collect``, ``_depth_report.collect``, ``_vision.collect``: read
+harness's own aggregation (``_lm_report.collect``, ``_scale_report.collect``, ``_depth_report.collect``, ``_vision.collect``: read
 only) and judged by the one verdict rule (``benchmarks/_verdict.py``). The blocks sit between markers:
 
 - README.md: ``<!-- BEGIN GENERATED: findings -->`` … ``<!-- END GENERATED: findings -->``;
@@ -71,12 +71,13 @@ def collect_all() -> dict:
     """Every mode's aggregate and markdown from the committed records (read only)."""
     import _depth_plan as DP
     import _depth_report as DR
-    import _scale as S
+    import _scale_plan as SP
+    import _scale_report as SR
     import _vision as VI
     import _lm_report as R
 
     cmp_results, _ = R.collect(os.path.join(RESULTS, "compare"))
-    cells, scale, scale_md = S.collect(os.path.join(RESULTS, "scale"), S.FULL, EVAL)
+    cells, scale, scale_md = SR.collect(os.path.join(RESULTS, "scale"), SP.FULL, EVAL)
     own_grid = dataclasses.replace(DP.FULL, own_grid_depths=(DP.FULL.rate_check_depth,))
     depth_plan = own_grid if DP.plan_finished(os.path.join(RESULTS, "depth"), own_grid, EVAL) else DP.FULL
     depth, depth_md = DR.collect(os.path.join(RESULTS, "depth"), depth_plan, EVAL)
@@ -88,14 +89,14 @@ def collect_all() -> dict:
 def flat_summary(r: dict) -> str:
     """Which cells' default eval curves are flat by ``_verdict.flat_curve`` (the only ones that may be called near
     convergence; the cosine schedule flattens the end of every run, so flat is not enough)."""
-    import _scale as S
+    import _scale_plan as SP
 
     flat, falling = [], []
     spec = r["compare"]["base_spec"]
     d = r["compare"]["settings"]["base"]["arms"]["default"]
     groups = [("the default mode", d["eval_curves"].values(), spec["steps"])]
     for (size, tpp, lr), cell in sorted(r["scale_cells"].items(), key=str):
-        if lr == S.FULL.shared_lr and "default" in cell:
+        if lr == SP.FULL.shared_lr and "default" in cell:
             runs = cell["default"].values()
             groups.append((f"width {size} at {tpp:g} tokens per non-embedding parameter",
                            [x["eval_curve"] for x in runs], next(iter(runs))["steps"]))
@@ -112,7 +113,8 @@ def flat_summary(r: dict) -> str:
 
 def findings_block(r: dict) -> str:
     """README's "What we found" bullets."""
-    import _scale as S
+    import _scale_plan as SP
+    import _scale_report as SR
 
     base = r["compare"]["settings"]["base"]["arms"]
     d0 = base["default"]
@@ -153,8 +155,8 @@ def findings_block(r: dict) -> str:
         f"default on 20k images): conditioned {_v(vv[('full', 'conditioned')], 2, 100)}, mimetic "
         f"{_v(vv[('full', 'mimetic')], 2, 100)}, affine_scaled {_v(vv[('full', 'affine_scaled')], 2, 100)}; on "
         f"5k images conditioned {_v(vv[('n5000', 'conditioned')], 2, 100)}.")
-    cells, p = r["scale_cells"], S.FULL
-    mid = S.size_name(p.sizes[p.middle])
+    cells, p = r["scale_cells"], SP.FULL
+    mid = SP.size_name(p.sizes[p.middle])
 
     def sv(size, tpp, arm):
         keys = sorted((k for k in cells if (k[1] == p.main_tpp and k[2] == p.shared_lr)
@@ -164,13 +166,13 @@ def findings_block(r: dict) -> str:
         fam_keys = ([k for k in keys if k[1] == p.main_tpp] if tpp == p.main_tpp and size != mid
                     else [k for k in keys if k[0] == mid] if tpp != p.main_tpp else
                     [k for k in keys if k[1] == p.main_tpp])
-        return S.table_verdicts(cells, fam_keys, p.arms)[((size, tpp, p.shared_lr), arm)]
+        return SR.table_verdicts(cells, fam_keys, p.arms)[((size, tpp, p.shared_lr), arm)]
 
     def tpp_all(size, tpp):
         run = next(iter(cells[(size, tpp, p.shared_lr)]["default"].values()))
         return run["tokens_seen"] / run["n_all"]
 
-    sizes = [S.size_name(s) for s in p.sizes]
+    sizes = [SP.size_name(s) for s in p.sizes]
     devices = {s: _dev(r0["device"] or "?" for a in cells[(s, p.main_tpp, p.shared_lr)].values()
                        for r0 in a.values()) for s in sizes}
     lines.append(

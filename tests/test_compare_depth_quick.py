@@ -132,7 +132,7 @@ def test_same_rate_check_and_its_verdict():
 
 
 def _fake_record(D, out, spec, loss):
-    path = D.S.record_paths(str(out), spec)[0]
+    path = D.SP.record_paths(str(out), spec)[0]
     D.C.write_json(path, dict(key=spec.key(), spec={}, final_eval_loss=loss, eval_files={"valid.raw": dict(loss=loss)}))
 
 
@@ -191,7 +191,7 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
     records = sorted(out.glob("runs/*/*/seed*.json"))
     assert len(records) == len(planned) == results["n_runs"] >= 10
     for spec in planned:
-        rec = json.loads(open(D.S.record_paths(str(out), spec)[0]).read())
+        rec = json.loads(open(D.SP.record_paths(str(out), spec)[0]).read())
         assert rec["key"] == spec.key() and math.isfinite(rec["eval_files"]["valid.raw"]["loss"])
         # κ(J) of every layer at init and at the end; BLiMP next to perplexity
         assert [k["step"] for k in rec["kappa"]] == [0, spec.steps]
@@ -206,7 +206,7 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
 
     tok = AutoTokenizer.from_pretrained(next((out / "cache").glob("data_*/tokenizer")))
     spec = next(r for r in planned if r.n_layer == 2 and r.seed == 1 and r.extra["label"] == "conditioned_v0.25")
-    rec = json.loads(open(D.S.record_paths(str(out), spec)[0]).read())
+    rec = json.loads(open(D.SP.record_paths(str(out), spec)[0]).read())
     assert_blimp_matches(rec, tok, blimp)
     # the gap table: paired differences of the records (loss and BLiMP), mean ± std over the 2 seeds at depth 2
     row = results["depths"][2]["conditioned_v0.25"]
@@ -231,26 +231,26 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
     assert {q: q.stat().st_mtime_ns for q in records} == mtimes
     # --depths: a worker trains only its depths' runs (one machine's share); the rest is left to others
     shallow = next(r for r in planned if r.n_layer == 1)
-    os.remove(D.S.record_paths(str(out), shallow)[0])
+    os.remove(D.SP.record_paths(str(out), shallow)[0])
     compare.main(argv + ["--no-report", "--depths", "2"])
     assert "1 runs are left to other workers" in capsys.readouterr().err
-    assert not os.path.exists(D.S.record_paths(str(out), shallow)[0])
+    assert not os.path.exists(D.SP.record_paths(str(out), shallow)[0])
     compare.main(argv + ["--no-report", "--depths", "1"])
-    assert json.loads(open(D.S.record_paths(str(out), shallow)[0]).read())["device"] == "cpu"
+    assert json.loads(open(D.SP.record_paths(str(out), shallow)[0]).read())["device"] == "cpu"
     # --train-arms: a worker trains only these arms' runs (default's run of a seed is left to another)
     pair = [next(r for r in planned if r.n_layer == 2 and r.seed == 1 and r.extra["label"] == a)
             for a in ("default", "conditioned_v0.25")]
     for r in pair:
-        os.remove(D.S.record_paths(str(out), r)[0])
+        os.remove(D.SP.record_paths(str(out), r)[0])
     compare.main(argv + ["--no-report", "--train-arms", "conditioned_v0.25"])
     assert "1 runs are left to other workers" in capsys.readouterr().err
-    assert [os.path.exists(D.S.record_paths(str(out), r)[0]) for r in pair] == [False, True]
+    assert [os.path.exists(D.SP.record_paths(str(out), r)[0]) for r in pair] == [False, True]
     compare.main(argv + ["--no-report", "--train-arms", "default"])
-    assert os.path.exists(D.S.record_paths(str(out), pair[0])[0])
+    assert os.path.exists(D.SP.record_paths(str(out), pair[0])[0])
     records = sorted(out.glob("runs/*/*/seed*.json"))
     # --report-only from the records alone; a record without BLiMP (made before it) reads as "–"
     shutil.rmtree(out / "trainer")
-    path = D.S.record_paths(str(out), spec)[0]
+    path = D.SP.record_paths(str(out), spec)[0]
     rec.pop("blimp")
     open(path, "w").write(json.dumps(rec))
     again = compare.main(["--depth-sweep", "--quick", "--out", str(out), "--data", data, "--report-only"])

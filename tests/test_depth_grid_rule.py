@@ -128,7 +128,7 @@ def test_every_rate_diverged_is_decided_without_runs_at_a_rate(tmp_path):
     label = p.arms[1]
     for lr in p.grid_lrs:
         spec = D.grid_spec(p, label, lr)
-        D.C.write_json(D.S.record_paths(str(tmp_path), spec)[0],
+        D.C.write_json(D.SP.record_paths(str(tmp_path), spec)[0],
                        dict(key=spec.key(), spec={}, final_eval_loss=math.nan, eval_files={"v": dict(loss=math.nan)}))
     st = D.grid_state(str(tmp_path), p, "v")
     assert st[label]["decided"] and st[label]["best"] is None and st[label]["tried"] == list(p.grid_lrs)
@@ -214,7 +214,7 @@ def test_the_plan_is_finished_only_once_every_run_is_recorded(tmp_path):
 
     def missing():
         state, states = D.grid_state(out, p, metric), D.own_grid_states(out, p, metric)
-        return [r for r in D.plan(p, state, states=states) if D.S.record_of(out, r) is None]
+        return [r for r in D.plan(p, state, states=states) if D.SP.record_of(out, r) is None]
 
     for _ in range(10):  # planting decides the open grids, which then plan their seeds
         todo = missing()
@@ -223,10 +223,10 @@ def test_the_plan_is_finished_only_once_every_run_is_recorded(tmp_path):
         assert not D.plan_finished(out, p, metric)
         for spec in todo:
             loss = 4.5 + (math.log10(spec.lr) + 2) ** 2 + 0.001 * spec.seed
-            D.C.write_json(D.S.record_paths(out, spec)[0],
+            D.C.write_json(D.SP.record_paths(out, spec)[0],
                            dict(key=spec.key(), spec={}, final_eval_loss=loss, eval_files={metric: dict(loss=loss)}))
     assert not missing() and D.plan_finished(out, p, metric)
     state, states = D.grid_state(out, p, metric), D.own_grid_states(out, p, metric)
     seed4 = [r for r in D.plan(p, state, states=states) if r.n_layer == 8 and r.seed == 4]
-    os.remove(D.S.record_paths(out, seed4[-1])[0])  # one depth-8 seed less: not finished
+    os.remove(D.SP.record_paths(out, seed4[-1])[0])  # one depth-8 seed less: not finished
     assert not D.plan_finished(out, p, metric)
