@@ -1,7 +1,7 @@
 """Write README's "What we found" and docs/results.md's result tables from the committed run records (issue 28).
 
 Every figure in those blocks is computed here from ``benchmarks/results/{compare,scale,depth,vision}/runs`` with the
-harness's own aggregation (``_lm_report.collect``, ``_scale_report.collect``, ``_depth_report.collect``, ``_vision.collect``: read
+harness's own aggregation (``_lm_report.collect``, ``_scale_report.collect``, ``_depth_report.collect``, ``_vision_report.collect``: read
 only) and judged by the one verdict rule (``benchmarks/_verdict.py``). The blocks sit between markers:
 
 - README.md: ``<!-- BEGIN GENERATED: findings -->`` … ``<!-- END GENERATED: findings -->``;
@@ -74,6 +74,7 @@ def collect_all() -> dict:
     import _scale_plan as SP
     import _scale_report as SR
     import _vision as VI
+    import _vision_report as VR
     import _lm_report as R
 
     cmp_results, _ = R.collect(os.path.join(RESULTS, "compare"))
@@ -81,9 +82,9 @@ def collect_all() -> dict:
     own_grid = dataclasses.replace(DP.FULL, own_grid_depths=(DP.FULL.rate_check_depth,))
     depth_plan = own_grid if DP.plan_finished(os.path.join(RESULTS, "depth"), own_grid, EVAL) else DP.FULL
     depth, depth_md = DR.collect(os.path.join(RESULTS, "depth"), depth_plan, EVAL)
-    vision = VI.collect(os.path.join(RESULTS, "vision"))
+    vision = VR.collect(os.path.join(RESULTS, "vision"), VI.ARMS)
     return dict(compare=cmp_results, compare_md=R.markdown(cmp_results), scale_cells=cells, scale=scale,
-                scale_md=scale_md, depth=depth, depth_md=depth_md, vision=vision, vision_md=VI.markdown(vision))
+                scale_md=scale_md, depth=depth, depth_md=depth_md, vision=vision, vision_md=VR.markdown(vision))
 
 
 def flat_summary(r: dict) -> str:
