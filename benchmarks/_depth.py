@@ -2,10 +2,10 @@
 at its own best learning rate? (issue 21)
 
 The scale sweep (``_scale.py``) varied width at depth 2; this mode varies depth at width 64 (head dim 32, 2 heads)
-with the same data, tokenizer, batch, block, evaluation and arms (:data:`_scale.ARMS`), and records per run the
-WikiText-2 valid loss / perplexity (``--eval-file``), BLiMP accuracy (``--blimp-dir``, ``_common.evaluate_blimp``),
-the eval curve (steps to default's final loss) and κ(J) of every layer at init and at the end (causal and unmasked,
-``ConditionNumberCallback``).
+with the same data, tokenizer, batch, block, evaluation and arms (:data:`_scale_plan.ARMS`), and records per run the
+WikiText-2 valid loss / perplexity (``--eval-file``), BLiMP accuracy (``--blimp-dir``,
+``_lm_zero_shot.evaluate_blimp``), the eval curve (steps to default's final loss) and κ(J) of every layer at init and
+at the end (causal and unmasked, ``ConditionNumberCallback``).
 
 Plan (``_depth_plan``: :data:`_depth_plan.FULL`, :func:`_depth_plan.plan`), in this order:
 
@@ -55,6 +55,7 @@ import time
 
 import _common as C
 import _lm_run as LM
+import _lm_zero_shot as ZS
 import _scale as S
 import _scale_plan as SP
 from _common import fail
@@ -85,7 +86,7 @@ def run(args) -> dict:
     if not arms <= set(p.arms):
         fail(f"--train-arms {' '.join(sorted(arms - set(p.arms)))}: not an arm of the plan; choose from "
              f"{' '.join(p.arms)}")
-    blimp = C.blimp_dir_for(args, "depth")
+    blimp = ZS.blimp_dir_for(args, "depth")
     data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
     full = plan(p, state, placeholder=True, states=own_grid_states(out, p, eval_name))
@@ -101,7 +102,7 @@ def run(args) -> dict:
         state = grid_state(out, p, eval_name)
         states = own_grid_states(out, p, eval_name)
         runs = plan(p, state, states=states)
-        C.add_missing_blimp([paths(r) for r in runs if SP.record_of(out, r) is not None], data.tokenizer, blimp,
+        ZS.add_missing_blimp([paths(r) for r in runs if SP.record_of(out, r) is not None], data.tokenizer, blimp,
                             "depth", data)
         todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and SP.record_of(out, r) is None
                 and not C.claimed_elsewhere(paths(r)[0])]

@@ -11,6 +11,7 @@ import os
 import statistics
 
 import _common as C
+import _lm_zero_shot as ZS
 import _scale_plan as SP
 import _scale_report as SR
 import _verdict as V
@@ -44,7 +45,7 @@ def load_runs(out: str, eval_name: str | None) -> dict:
             loss = record_metric(rec, eval_name)
             runs.setdefault((spec["n_layer"], spec["tokens_per_param"], spec["lr"]), {}).setdefault(
                 spec["extra"]["label"], {})[rec["seed"]] = dict(
-                loss=loss, ppl=math.exp(loss) if loss < 700 else math.inf, blimp=C.blimp_accuracy(rec),
+                loss=loss, ppl=math.exp(loss) if loss < 700 else math.inf, blimp=ZS.blimp_accuracy(rec),
                 kappa_init=_kappa_layers(rec, "init"), kappa_end=_kappa_layers(rec, "end"),
                 eval_curve=rec["eval_curve"], steps=spec["steps"], n=rec["n_params_non_embedding"],
                 n_all=rec["n_params"], tokens_seen=rec["tokens_seen"], cpu_seconds=rec.get("cpu_seconds"),

@@ -11,6 +11,7 @@ import os
 import statistics
 
 import _common as C
+import _lm_zero_shot as ZS
 import _verdict as V
 from _common import fail
 from _lm_run import GAIN_KEYS, SWEEP_KEYS
@@ -60,12 +61,12 @@ def aggregate_setting(recs: list[dict]) -> dict:
                  tokens_seen=rs[0]["tokens_seen"],
                  tokens_per_param=rs[0]["tokens_seen"] / rs[0]["n_params_non_embedding"],
                  devices=sorted({r.get("device") or "unknown" for r in rs}))
-        acc = [C.blimp_accuracy(r) for r in rs]
+        acc = [ZS.blimp_accuracy(r) for r in rs]
         a["blimp_accuracy"] = acc
         a["blimp_mean"], a["blimp_std"] = V.mean_std(acc)
         if arm != "default" and default:
-            d_acc = V.paired({s: V.entry(r, C.blimp_accuracy(r)) for s, r in seeds.items()},
-                             {s: V.entry(r, C.blimp_accuracy(r)) for s, r in default.items()})
+            d_acc = V.paired({s: V.entry(r, ZS.blimp_accuracy(r)) for s, r in seeds.items()},
+                             {s: V.entry(r, ZS.blimp_accuracy(r)) for s, r in default.items()})
             a["delta_blimp_vs_default"] = list(d_acc.values())
             a["delta_blimp_mean"], a["delta_blimp_std"] = V.mean_std(list(d_acc.values()))
             family[(arm, "blimp")] = d_acc

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import torch
 
 import _common as C
+import _lm_zero_shot as ZS
 from hf_condinit.scripts.checkpoints import newest_complete_checkpoint
 from hf_condinit.study.files import write_json
 
@@ -177,7 +178,7 @@ def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional
     """Train one arm for one seed into the Trainer output folder ``run_dir``: resumed from its newest complete
     checkpoint when the folder holds an unfinished run of ``spec`` (:func:`_resume_point`), else replaced. Then
     evaluate on the whole held-out split, on each of ``eval_sets`` (name -> packed dataset) and, given ``blimp_dir``,
-    on BLiMP (:func:`_common.evaluate_blimp`, record key ``blimp``). Returns the run record:
+    on BLiMP (:func:`_lm_zero_shot.evaluate_blimp`, record key ``blimp``). Returns the run record:
     :func:`summarize_trainer_run` of the folder plus parameter counts, tokens seen, per-file eval, step-0
     diagnostics, the digest of the training batches, and ``cpu_seconds`` (user + system CPU time of this process)
     and ``wall_seconds`` summed over the run's segments (``resumed_at``: the steps it resumed at, when it did). A
@@ -320,8 +321,8 @@ def _train(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[di
         trainer.remove_callback(RunReportCallback)  # the card has the final metrics; no rewrite per --eval-file
         eval_files = evaluate_files(trainer, eval_sets or {}, final)
         if blimp_dir:  # the zero-shot evaluations: BLiMP and the held-out cloze (same switch)
-            blimp = C.evaluate_blimp(model, data.tokenizer, blimp_dir)
-            cloze = C.evaluate_cloze(model, data)
+            blimp = ZS.evaluate_blimp(model, data.tokenizer, blimp_dir)
+            cloze = ZS.evaluate_cloze(model, data)
             final.update(blimp_accuracy=blimp["blimp_accuracy"], cloze_accuracy=cloze["cloze_accuracy"])
             trainer.save_metrics("eval", final)
     else:

@@ -48,6 +48,7 @@ import sys
 
 import _common as C
 import _lm_run as LM
+import _lm_zero_shot as ZS
 from _common import fail
 from _scale_plan import FULL, QUICK, estimate_lines, load_costs, plan, record_of, record_paths
 from _scale_report import report
@@ -106,7 +107,7 @@ def run(args) -> dict:
         return report(out, p, eval_name if args.eval_file else None, args.copy_plots)
     runs = plan(p)
     todo = [r for r in runs if record_of(out, r) is None]
-    blimp = C.blimp_dir_for(args, "scale")
+    blimp = ZS.blimp_dir_for(args, "scale")
     data, eval_sets, eval_info = prepare_sweep(args, p, out, eval_files, "--scale-sweep")
     eval_tokens = sum(i["evaluated_tokens"] for i in eval_info.values())
     for line in estimate_lines(runs, todo, load_costs(out, p), eval_tokens, out):
@@ -114,7 +115,7 @@ def run(args) -> dict:
     most = max(r.steps * r.batch_size * r.block_size for r in runs)
     print(f"[scale] training data: {data.info['train_tokens']:,} tokens; the longest run reads "
           f"{most / (data.info['train_blocks'] * p.block_size):.2f} epochs; output {out}", file=sys.stderr)
-    C.add_missing_blimp([record_paths(out, r) for r in runs if r not in todo], data.tokenizer, blimp, "scale", data)
+    ZS.add_missing_blimp([record_paths(out, r) for r in runs if r not in todo], data.tokenizer, blimp, "scale", data)
     skipped = LM.execute_runs(runs, todo, data, eval_sets, eval_info, lambda r: record_paths(out, r), blimp)
     if skipped:
         print(f"[scale] {len(skipped)} runs are being done by another worker; run --report-only when they are "

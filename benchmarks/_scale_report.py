@@ -12,6 +12,7 @@ import os
 import statistics
 
 import _common as C
+import _lm_zero_shot as ZS
 import _verdict as V
 from _common import fail
 from _scale_plan import ScalePlan, _metric, size_name
@@ -115,7 +116,7 @@ def load_cells(out: str, eval_name: str | None) -> dict:
                 loss=loss, ppl=math.exp(loss) if loss < 700 else float("inf"), n=rec["n_params_non_embedding"],
                 n_all=rec["n_params"], tokens_seen=rec["tokens_seen"], eval_curve=rec["eval_curve"],
                 epochs=rec["epochs"], cpu_seconds=rec.get("cpu_seconds"), steps=spec["steps"],
-                blimp=C.blimp_accuracy(rec), device=rec.get("device"), batches=rec.get("train_batches_sha256"))
+                blimp=ZS.blimp_accuracy(rec), device=rec.get("device"), batches=rec.get("train_batches_sha256"))
     return cells
 
 

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
 import _lm_run as LM  # noqa: E402
+import _lm_zero_shot as ZS  # noqa: E402
 
 OUT = os.path.join(C.REPO_ROOT, "benchmarks", "results", "cloze_check")
 RECORD_SWEEPS = ("compare", "scale", "depth")
@@ -98,7 +99,7 @@ def score_models(args) -> dict:
                            n_positions=spec.block_size, vocab_size=len(tok), eos_id=tok.eos_token_id)
     t = time.perf_counter()
     init = C.build_model(spec.arm, config, spec.seed)
-    init_scores = _zero_shot(C.evaluate_blimp(init, tok, args.blimp_dir), C.evaluate_cloze(init, data))
+    init_scores = _zero_shot(ZS.evaluate_blimp(init, tok, args.blimp_dir), ZS.evaluate_cloze(init, data))
     print(f"[cloze_check] random init scored in {time.perf_counter() - t:.0f} s", file=sys.stderr)
     rec = LM.train_run(spec, data, os.path.join(work, "trainer"), None, args.blimp_dir)
     print(f"[cloze_check] trained and scored in {rec['wall_seconds']:.0f} s", file=sys.stderr)

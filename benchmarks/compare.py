@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 import _lm_report as R  # noqa: E402
 import _lm_run as LM  # noqa: E402
+import _lm_zero_shot as ZS  # noqa: E402
 from _lm_run import GAIN_KEYS, SWEEP_KEYS  # noqa: E402
 from _common import fail, steps_for_tokens_per_param  # noqa: E402
 
@@ -353,11 +354,11 @@ def run_lm(args) -> dict:
     todo = [r for r in runs if C.finished_record(run_path(out, r), r) is None]
     print(f"[compare] {len(runs)} runs planned, {len(runs) - len(todo)} already finished; output {out}",
           file=sys.stderr)
-    blimp = C.blimp_dir_for(args)
+    blimp = ZS.blimp_dir_for(args)
     for r in runs:
         if r not in todo:
             add_missing_eval_files(run_path(out, r), trainer_dir(out, r), eval_sets, eval_info)
-    C.add_missing_blimp([(run_path(out, r), trainer_dir(out, r)) for r in runs if r not in todo], data.tokenizer,
+    ZS.add_missing_blimp([(run_path(out, r), trainer_dir(out, r)) for r in runs if r not in todo], data.tokenizer,
                         blimp, data=data)
     skipped_locked = LM.execute_runs(runs, todo, data, eval_sets, eval_info,
                                     lambda r: (run_path(out, r), trainer_dir(out, r)), blimp)
