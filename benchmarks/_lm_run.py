@@ -33,6 +33,7 @@ import _common as C
 import _lm_zero_shot as ZS
 from hf_condinit.scripts.checkpoints import newest_complete_checkpoint
 from hf_condinit.study.files import write_json
+from hf_condinit.versions import RESUME_MIN_TORCH, torch_below
 
 RUN_STATE = "harness_run.json"  # in a run's Trainer folder: {"key", "cpu_seconds", "wall_seconds", "resumed_at"}
 GAIN_KEYS = ("qk_gain", "v_gain")  # the TrainSpec fields that change the conditioned init only
@@ -223,7 +224,8 @@ def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional
 def _resume_point(spec: TrainSpec, run_dir: str) -> Optional[str]:
     """The checkpoint to resume ``spec``'s run from: the newest complete ``checkpoint-*`` of ``run_dir`` when the
     folder's :data:`RUN_STATE` names ``spec.key()`` and the run has not finished (no ``train_results.json``); else
-    None (with one line on stderr when checkpoints of other settings are about to be replaced)."""
+    None (with one line on stderr when a checkpoint is about to be replaced: one of other settings, or any on a torch
+    below ``hf_condinit.versions.RESUME_MIN_TORCH``, where the Trainer cannot resume)."""
     if not os.path.isdir(run_dir) or os.path.exists(os.path.join(run_dir, "train_results.json")):
         return None
     try:
@@ -234,6 +236,10 @@ def _resume_point(spec: TrainSpec, run_dir: str) -> Optional[str]:
     last = newest_complete_checkpoint(run_dir)
     if last is not None and key != spec.key():
         print(f"[compare] {run_dir}: its checkpoints are of other settings; starting over", file=sys.stderr)
+        return None
+    if last is not None and torch_below(RESUME_MIN_TORCH):
+        print(f"[compare] {run_dir}: resuming needs torch>={RESUME_MIN_TORCH} (transformers refuses to load the "
+              f"optimizer state below it, found {torch.__version__}); starting over", file=sys.stderr)
         return None
     return last
 
