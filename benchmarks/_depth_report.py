@@ -263,9 +263,9 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
                  f"{p.grid_depth}"
                  + "".join(f", at depth {d} of its own grid there" for d in res.get("own_grid", {}))
                  + ("" if p.rate_check_depth not in unsure else
-                    f"; at depth {p.rate_check_depth} the arms' own learning-rate grid is not complete yet (the "
-                    f"same-rate check below; its own grid: `--grid-depths {p.rate_check_depth}`), so the "
-                    f"depth-{p.rate_check_depth} verdicts are provisional")
+                    f"; at depth {p.rate_check_depth} not every arm has its seeds at the best rate of its own "
+                    f"depth-{p.rate_check_depth} grid yet (the same-rate check below; that grid: `--grid-depths "
+                    f"{p.rate_check_depth}`), so the depth-{p.rate_check_depth} verdicts are provisional")
                  + "; seeds marked * come from the scale sweep's records of the same run — identical batches, "
                  "checked):\n")
     lines.append("| depth | params (non-emb.) | tokens/param, all (non-emb.) | device | arm | lr | seeds "

@@ -203,8 +203,8 @@ def findings_block(r: dict) -> str:
         + "; ".join(f"depth {d} {_v(dep[d]['conditioned'].get('loss_verdict'))}"
                     for d in dep if "conditioned" in dep[d])
         + (f". At depth {check} with default at conditioned's rate too: {_v(same['verdict'])}" if same else "")
-        + ("." if check in own else f". Provisional at depth {check}: the arms' own learning-rate grid there is not "
-           "complete yet (docs/results.md \"Across depth\")."))
+        + ("." if check in own else f". Provisional at depth {check}: not every arm has its seeds at the best rate of "
+           "its own grid there yet (docs/results.md \"Across depth\")."))
     accs = [x for cell in r["scale_cells"].values() for a in cell.values() for x in a.values()
             if x.get("blimp") is not None]
     accs = [x["blimp"] for x in accs] + [b for row in dep.values() for a in row.values() for b in a["blimp"].values()
