@@ -147,8 +147,9 @@ def summarize_trainer_run(run_dir: str) -> dict:
     (what ``python -m hf_condinit.compare`` reads): ``condinit``, the eval-loss curve logged during training
     (``[step, loss]``), the training-loss curve (``[step, loss, lr, grad_norm]``), the final metrics, the training
     time without evaluations and κ (``train_runtime``, or for a resumed run ``train_wall_seconds`` over every segment,
-    minus the ``eval_runtime`` logged during training minus the κ ``seconds``), and κ(J) per measurement with the details the run summary does not carry (unmasked κ, κ(P),
-    κ(PX), saturated heads, seconds per measurement) from ``condition_number.jsonl``."""
+    minus the ``eval_runtime`` logged during training minus the κ ``seconds``), and κ(J) per measurement with the
+    details the run summary does not carry (unmasked κ, κ(P), κ(PX), saturated heads, seconds per measurement) from
+    ``condition_number.jsonl``."""
     from hf_condinit.compare import load_run
 
     run = load_run(run_dir)
@@ -281,7 +282,7 @@ def _train(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[di
 
     tok = data.tokenizer
     config = C.gpt2_config(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head, n_positions=spec.block_size,
-                         vocab_size=len(tok), eos_id=tok.eos_token_id)
+                           vocab_size=len(tok), eos_id=tok.eos_token_id)
     overrides = {k: v for k, v in (("qk_gain", spec.qk_gain), ("v_gain", spec.v_gain)) if v is not None}
     t_build = time.perf_counter()
     model = C.build_model(spec.arm, config, spec.seed, condinit_overrides=overrides)

@@ -29,8 +29,9 @@ def _text_file(tmp_path) -> str:
         path.write_text(TINYSTORIES.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
     else:
         rng = random.Random(0)
-        stories = [f"Once upon a time, {rng.choice(['Tom', 'Lily', 'Ben'])} had a {rng.choice(['ball', 'cat', 'boat'])}."
-                   f" It was lost, then found." for _ in range(600)]
+        names, things = ["Tom", "Lily", "Ben"], ["ball", "cat", "boat"]
+        stories = [f"Once upon a time, {rng.choice(names)} had a {rng.choice(things)}. It was lost, then found."
+                   for _ in range(600)]
         path.write_text("\n<|endoftext|>\n".join(stories), encoding="utf-8")
     return str(path)
 

@@ -151,7 +151,8 @@ def test_a_signal_makes_train_raise_instead_of_returning(tmp_path):
         trainer.train()
     handle.remove()
     assert stop.value.step == 1 and stop.value.max_steps == 3
-    assert stop.value.checkpoint == str(tmp_path / "t" / "checkpoint-1") and check_checkpoint(stop.value.checkpoint) is None
+    assert stop.value.checkpoint == str(tmp_path / "t" / "checkpoint-1")
+    assert check_checkpoint(stop.value.checkpoint) is None
     assert _tiny_trainer(tmp_path / "again").train().global_step == 3
 
 
