@@ -40,6 +40,7 @@ printed before training (training, evaluation and BLiMP forward tokens; κ and t
     python benchmarks/compare.py --depth-sweep --depths 8 --device cuda     # one machine's share: depth 8 on a GPU
     python benchmarks/compare.py --depth-sweep --grid-depths 8 --depths 8 --device cuda   # + an own LR grid at depth 8
     python benchmarks/compare.py --depth-sweep --depths 8 --train-arms default conditioned   # the headline's runs first
+    python benchmarks/compare.py --depth-sweep --grid-depths 8 --depths 8 --train-seeds 3 4   # these seeds' runs first
 
 ``--grid-depths D``: an own LR grid at depth D (:attr:`DepthPlan.own_grid_depths`: every arm at ``grid_lrs`` at
 ``main_tpp``, seed 0, extended along the ladder like the depth-4 grid); the arms' runs at depth D then use that
@@ -86,6 +87,10 @@ def run(args) -> dict:
     if not arms <= set(p.arms):
         fail(f"--train-arms {' '.join(sorted(arms - set(p.arms)))}: not an arm of the plan; choose from "
              f"{' '.join(p.arms)}")
+    seeds = set(range(max(p.seeds))) if args.train_seeds is None else set(args.train_seeds)
+    if not seeds <= set(range(max(p.seeds))):
+        fail(f"--train-seeds {' '.join(map(str, sorted(seeds - set(range(max(p.seeds))))))}: not a seed of the plan; "
+             f"choose from {' '.join(map(str, range(max(p.seeds))))}")
     blimp = ZS.blimp_dir_for(args, "depth")
     data, eval_sets, eval_info = S.prepare_sweep(args, p, out, eval_files, "--depth-sweep")
     state = grid_state(out, p, eval_name)
@@ -104,8 +109,8 @@ def run(args) -> dict:
         runs = plan(p, state, states=states)
         ZS.add_missing_blimp([paths(r) for r in runs if SP.record_of(out, r) is not None], data.tokenizer, blimp,
                             "depth", data)
-        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and SP.record_of(out, r) is None
-                and not C.claimed_elsewhere(paths(r)[0])]
+        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and r.seed in seeds
+                and SP.record_of(out, r) is None and not C.claimed_elsewhere(paths(r)[0])]
         if todo:
             LM.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)
             continue
@@ -119,8 +124,8 @@ def run(args) -> dict:
     left = [r for r in plan(p, grid_state(out, p, eval_name), states=own_grid_states(out, p, eval_name))
             if SP.record_of(out, r) is None]
     if left:
-        print(f"[depth] {len(left)} runs are left to other workers (or other --depths); run --report-only when they "
-              "are finished", file=sys.stderr)
+        print(f"[depth] {len(left)} runs are left to other workers (or to other --depths, --train-arms, --train-seeds);"
+              " run --report-only when they are finished", file=sys.stderr)
     if args.no_report:
         return {}
     return report(out, p, eval_name, args.copy_plots)

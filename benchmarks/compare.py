@@ -117,6 +117,9 @@ def parse_args(argv=None):
                    help="--depth-sweep: train only these arms' runs (default's same-rate runs count as default); the "
                         "plan is unchanged: like --depths, to put the runs a headline rests on first or to split the "
                         "sweep between workers")
+    p.add_argument("--train-seeds", type=int, nargs="+", default=None, metavar="K",
+                   help="--depth-sweep: train only the runs of these seeds (the grids are seed 0); the plan is "
+                        "unchanged: like --train-arms, e.g. to do first the seeds whose pairs exist on this device")
     p.add_argument("--grid-depths", type=int, nargs="+", default=None, metavar="N",
                    help="--depth-sweep: also an LR grid at these depths (20 tokens per parameter, seed 0, the "
                         "depth-4 grid's rates extended like it); each arm's runs there use that grid's best rate "
@@ -307,6 +310,8 @@ def main(argv=None) -> dict:
         fail("--depths selects runs of the depth sweep; pass it with --depth-sweep")
     if args.train_arms is not None and not args.depth_sweep:
         fail("--train-arms selects runs of the depth sweep; pass it with --depth-sweep")
+    if args.train_seeds is not None and not args.depth_sweep:
+        fail("--train-seeds selects runs of the depth sweep; pass it with --depth-sweep")
     if args.grid_depths is not None and not args.depth_sweep:
         fail("--grid-depths adds LR grids to the depth sweep; pass it with --depth-sweep")
     C.set_device(args.device)

@@ -247,6 +247,16 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
     assert [os.path.exists(D.SP.record_paths(str(out), r)[0]) for r in pair] == [False, True]
     compare.main(argv + ["--no-report", "--train-arms", "default"])
     assert os.path.exists(D.SP.record_paths(str(out), pair[0])[0])
+    # --train-seeds: a worker trains only these seeds' runs
+    seeds01 = [next(r for r in planned if r.n_layer == 2 and r.seed == k and r.extra["label"] == "default"
+                    and r.tokens_per_param == D.QUICK.main_tpp) for k in (0, 1)]  # depth runs, not the grid's
+    for r in seeds01:
+        os.remove(D.SP.record_paths(str(out), r)[0])
+    compare.main(argv + ["--no-report", "--train-seeds", "1"])
+    assert "1 runs are left to other workers" in capsys.readouterr().err
+    assert [os.path.exists(D.SP.record_paths(str(out), r)[0]) for r in seeds01] == [False, True]
+    compare.main(argv + ["--no-report", "--train-seeds", "0"])
+    assert os.path.exists(D.SP.record_paths(str(out), seeds01[0])[0])
     records = sorted(out.glob("runs/*/*/seed*.json"))
     # --report-only from the records alone; a record without BLiMP (made before it) reads as "–"
     shutil.rmtree(out / "trainer")
@@ -265,6 +275,7 @@ def test_depth_quick_end_to_end_and_resume(tmp_path, capsys):
     (["--arms", "default"], "--depth-sweep fixes"), (["--lr", "1e-3"], "--depth-sweep fixes"),
     (["--scale-sweep"], "two modes"), (["--depths", "3"], "--depths 3: not in the plan; choose from 1 2"),
     (["--train-arms", "nope"], "--train-arms nope: not an arm of the plan"),
+    (["--train-seeds", "0", "7"], "--train-seeds 7: not a seed of the plan; choose from 0 1"),
     (["--device", "cuda"], "--device cuda: torch sees no GPU here")])
 def test_depth_fixed_flags_exit_2(tmp_path, capsys, extra, says):
     import torch
@@ -280,7 +291,7 @@ def test_depth_fixed_flags_exit_2(tmp_path, capsys, extra, says):
     assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize("flag", [["--depths", "2"], ["--train-arms", "default"]])
+@pytest.mark.parametrize("flag", [["--depths", "2"], ["--train-arms", "default"], ["--train-seeds", "1"]])
 def test_depths_needs_the_depth_sweep(capsys, flag):
     compare, _ = _modules()
     with pytest.raises(SystemExit) as err:
