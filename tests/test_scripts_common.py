@@ -108,6 +108,39 @@ def test_user_errors_exit_2_in_one_line_and_clean_up(tmp_path, capsys):
     assert kept.exists()  # a folder that was there before is never removed
 
 
+@pytest.mark.parametrize("ending, exit_code, ended", [("return", None, True), ("preempted", 75, True),
+                                                      ("usage error", 2, False)])
+def test_run_main_ends_the_process_group_where_every_rank_ends(tmp_path, ending, exit_code, ended):
+    """A gloo process group left to interpreter finalisation can abort a finished rank (SIGABRT, "terminate called
+    without an active exception": a CI run of tests/test_run_clm_deepspeed.py). run_main ends it where every rank ends
+    together (a normal return, a preemption's checkpoint), right after a collective (on torch 2.5 a bare destroy there
+    can deadlock on the GIL); a user error, which one rank may hit alone, leaves it."""
+    import torch.distributed as dist
+
+    from hf_condinit.callbacks import TrainingPreempted
+    from hf_condinit.scripts.errors import end_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        def main(argv):
+            dist.all_reduce(torch.ones(3), async_op=True).wait()
+            if ending == "usage error":
+                raise UsageError("bad flag")
+            if ending == "preempted":
+                raise TrainingPreempted("SIGTERM", "checkpoint-2", 2, 10)
+            return "result"
+
+        if exit_code is None:
+            assert run_main(main, [], prog="script.py") == "result"
+        else:
+            with pytest.raises(SystemExit) as exit_info:
+                run_main(main, [], prog="script.py")
+            assert exit_info.value.code == exit_code
+        assert dist.is_initialized() is not ended
+    finally:
+        end_process_group()  # what a user error left (a no-op after the others)
+
+
 def _tiny_trainer(tmp_path, **kwargs):
     cfg = GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=32, bos_token_id=0, eos_token_id=0)
     model = AutoModelForCausalLM.from_config(cfg)
