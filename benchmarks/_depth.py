@@ -44,7 +44,11 @@ printed before training (training, evaluation and BLiMP forward tokens; κ and t
 
 ``--grid-depths D``: an own LR grid at depth D (:attr:`DepthPlan.own_grid_depths`: every arm at ``grid_lrs`` at
 ``main_tpp``, seed 0, extended along the ladder like the depth-4 grid); the arms' runs at depth D then use that
-grid's best rate, so a comparison there is at each arm's own best rate *at that depth*.
+grid's best rate, so a comparison there is at each arm's own best rate *at that depth*. A pair needs one device
+(``hf_condinit.stats.paired``): at an own-grid depth, :attr:`DepthPlan.matched_baselines` re-runs default at its rate
+there on another device for the seeds whose first runs were made elsewhere (``default@cpu``: default's depth-8 seeds
+0-2 at 1e-2 ran on an H200, the other arms' runs on the CPU); only a worker on that device trains them, and an arm's
+run pairs with default's run on its own device (``_depth_report.baseline_for``).
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def run(args) -> dict:
         runs = plan(p, state, states=states)
         ZS.add_missing_blimp([paths(r) for r in runs if SP.record_of(out, r) is not None], data.tokenizer, blimp,
                             "depth", data)
-        todo = [r for r in runs if r.n_layer in mine and r.extra["label"] in arms and r.seed in seeds
+        todo = [r for r in runs if r.n_layer in mine and SP.arm_of(r) in arms and r.seed in seeds and SP.trains_here(r)
                 and SP.record_of(out, r) is None and not C.claimed_elsewhere(paths(r)[0])]
         if todo:
             LM.execute_runs(runs, todo, data, eval_sets, eval_info, paths, blimp)

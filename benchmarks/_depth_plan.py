@@ -43,6 +43,9 @@ class DepthPlan:
     max_bytes: int | None = None
     rate_check_depth: int | None = None  # default also at the other arms' best rates at this depth (plan step 3)
     own_grid_depths: tuple = ()  # depths with their own LR grid (main_tpp, seed 0) deciding each arm's rate there
+    # (depth, device, seeds): at an own-grid depth, default at its rate there again on ``device`` for these seeds
+    # (label "default@<device>"), for the arms whose runs are on that device (a pair needs one device)
+    matched_baselines: tuple = ()
 
     def size(self, depth: int) -> tuple:
         return (depth, self.width, self.n_head)
@@ -56,7 +59,8 @@ FULL = DepthPlan(width=64, n_head=2, depths=(2, 4, 8), seeds=(2, 3, 5), main_tpp
                  grid_lrs=(1e-3, 3e-3, 1e-2, 3e-2), ladder=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
                  shared_lr=3e-3, arms=tuple(SP.ARMS), batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16,
                  final_eval_blocks=64, dropped=((8, 96, 3),),
-                 shared_from=os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale"), rate_check_depth=8)
+                 shared_from=os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale"), rate_check_depth=8,
+                 matched_baselines=((8, "cpu", (0, 1, 2)),))  # default's seeds 0-2 at 1e-2 ran on an H200
 QUICK = DepthPlan(width=32, n_head=4, depths=(1, 2), seeds=(1, 2), main_tpp=0.25, grid_depth=2, grid_tpp=0.1,
                   grid_lrs=(3e-3, 1e-2), ladder=(1e-3, 3e-3, 1e-2, 3e-2), shared_lr=3e-3,
                   arms=("default", "conditioned_v0.25"), batch_size=4, block_size=64, vocab_size=512, eval_blocks=4,
@@ -129,8 +133,9 @@ def best_rates(p: DepthPlan, state: dict, states: dict | None, depth: int) -> di
 
 def plan(p: DepthPlan, state: dict, placeholder: bool = False, states: dict | None = None) -> list[LM.TrainSpec]:
     """Every run known now, in order (module docstring): the grid runs of ``state`` (:func:`grid_state`) and of the
-    own grids ``states`` (:func:`own_grid_states`), the depth runs of the arms whose best rate is decided, then the
-    same-rate checks (:func:`rate_check_lrs`). ``placeholder``: also the undecided arms' depth runs, at
+    own grids ``states`` (:func:`own_grid_states`), the depth runs of the arms whose best rate is decided, default's
+    device-matched runs (``matched_baselines``, at own-grid depths), then the same-rate checks
+    (:func:`rate_check_lrs`). ``placeholder``: also the undecided arms' depth runs, at
     ``shared_lr`` (for the cost estimate only; the rate does not change the cost)."""
     states = states or {}
     runs = [grid_spec(p, a, lr) for a in p.arms for lr in state[a]["tried"]]
@@ -144,6 +149,9 @@ def plan(p: DepthPlan, state: dict, placeholder: bool = False, states: dict | No
                 lr = best[a] or (p.shared_lr if placeholder else None)
                 if lr is not None:
                     runs.append(depth_spec(p, a, depth, lr, seed))
+    for depth, device, seeds in p.matched_baselines:
+        lr = best_rates(p, state, states, depth)["default"] if depth in states else None
+        runs += [depth_spec(p, f"default@{device}", depth, lr, seed) for seed in seeds if lr is not None]
     if p.rate_check_depth is not None:
         n_seeds = dict(zip(p.depths, p.seeds))[p.rate_check_depth]
         runs += [depth_spec(p, "default", p.rate_check_depth, lr, seed) for seed in range(n_seeds)

@@ -76,6 +76,18 @@ def _loss_by_lr(grid: dict) -> dict:
     return {f"{lr:g}": v for lr, v in grid["values"].items() if v is not None}
 
 
+def baseline_for(seeds: dict, baselines: list) -> dict:
+    """seed -> the default run an arm's run of that seed pairs with: of ``baselines`` (seed -> summary each:
+    default's own runs first, then its device-matched runs, ``DepthPlan.matched_baselines``) the first on the arm's
+    run's device, else default's own (which ``_verdict.paired`` then leaves unpaired when its device differs)."""
+    out = {}
+    for s, r in seeds.items():
+        same = [b[s] for b in baselines if s in b and b[s]["device"] == r["device"]]
+        if same or s in baselines[0]:
+            out[s] = same[0] if same else baselines[0][s]
+    return out
+
+
 def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -> dict:
     """Per depth and arm (at its own best rate): the runs, the paired gaps to default at its own best rate (loss
     and BLiMP), steps to default's final loss, κ per layer; the LR grid; the shared-rate comparisons."""
@@ -88,13 +100,16 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
         rates = best_rates(p, state, states, depth)
         cells = {a: runs.get((depth, p.main_tpp, rates[a]), {}).get(a, {}) for a in p.arms if rates[a] is not None}
         dflt = cells.get("default", {})
+        matched = {device: runs.get((depth, p.main_tpp, rates["default"]), {}).get(f"default@{device}", {})
+                   for d, device, _ in p.matched_baselines if d == depth and d in (states or {})}
         target = V.mean_std(r["eval_curve"][-1][1] for r in dflt.values())[0] if dflt else None
         row = {}
         for a, seeds in cells.items():
             if not seeds:
                 continue
-            g_loss_d = SR.paired_gaps({a: seeds}, a, "loss", default=dflt)
-            g_blimp_d = SR.paired_gaps({a: seeds}, a, "blimp", default=dflt)
+            base = baseline_for(seeds, [dflt, *matched.values()])
+            g_loss_d = SR.paired_gaps({a: seeds}, a, "loss", default=base)
+            g_blimp_d = SR.paired_gaps({a: seeds}, a, "blimp", default=base)
             g_loss, g_blimp = list(g_loss_d.values()), list(g_blimp_d.values())
             cross = ([C.crossing_step(r["eval_curve"], target) for r in seeds.values()] if target is not None
                      else [])
@@ -117,6 +132,9 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
                 kappa_end_layers=[statistics.fmean(x) for x in zip(*k1)] if k1 else None)
         if row:
             res["depths"][depth] = row
+        for device, cell in matched.items():
+            res.setdefault("matched_baselines", {})[f"{depth}@{device}"] = dict(
+                depth=depth, device=device, lr=rates["default"], loss={s: r["loss"] for s, r in sorted(cell.items())})
     for what in ("loss", "blimp"):  # one Holm family per column of the depth table
         verdicts = V.judge({(d, a): r[f"gap_{what}"] for d, row in res["depths"].items() for a, r in row.items()
                             if a != "default"}, higher_is_better=what == "blimp")
@@ -290,6 +308,11 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
                 + ("not reached" if st is None else f"{st:.0f} ({r['n_reached']}/{len(r['seeds'])} seeds) of {r['steps']}")
                 + f" | {_k(statistics.fmean(k0)) if k0 else '–'} | {_k(statistics.fmean(k1)) if k1 else '–'} |")
     lines.append("")
+    for m in res.get("matched_baselines", {}).values():
+        lines.append(f"Device-matched baseline: default at depth {m['depth']}, lr {m['lr']:g}, run again on the "
+                     f"{SR._device_word(m['device'])} for seeds {', '.join(map(str, m['loss'])) or '(none yet)'} "
+                     f"(loss {' / '.join(f(x) for x in m['loss'].values()) or '–'}); an arm's run on that device "
+                     "pairs with it, the table's default row keeps default's own runs.\n")
     fam = {w: len([1 for row in res["depths"].values() for a, r in row.items()
                    if a != "default" and r.get(f"{w}_verdict", {}).get("n", 0) >= 2]) for w in ("loss", "blimp")}
     lines.append(V.family_caption("this table's Δ loss cells (every depth and arm)", fam["loss"])
@@ -449,7 +472,8 @@ def collect(out: str, p: DepthPlan, eval_name: str | None) -> tuple[dict, str]:
                    plan=dict(width=p.width, n_head=p.n_head, depths=p.depths, seeds=p.seeds, main_tpp=p.main_tpp,
                              grid_depth=p.grid_depth, grid_tpp=p.grid_tpp, grid_lrs=p.grid_lrs, ladder=p.ladder,
                              shared_lr=p.shared_lr, arms=p.arms, dropped=p.dropped,
-                             rate_check_depth=p.rate_check_depth, own_grid_depths=p.own_grid_depths), **res)
+                             rate_check_depth=p.rate_check_depth, own_grid_depths=p.own_grid_depths,
+                             matched_baselines=p.matched_baselines), **res)
     return results, markdown(res, p, eval_name, len(recs), len(plan(p, state, placeholder=True, states=states)), cpu)
 
 

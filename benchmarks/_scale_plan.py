@@ -73,8 +73,11 @@ def setting_name(size, tpp: float, lr: float) -> str:
 def make_spec(p, label: str, size, tpp: float, lr: float, seed: int, kappa_at: tuple = ()) -> LM.TrainSpec:
     """One run of a sweep: arm ``label`` of :data:`ARMS`, ``size`` = (n_layer, n_embd, n_head), ``tpp`` training
     tokens per non-embedding parameter at learning rate ``lr``; batch, block and evaluation sizes from the plan
-    ``p`` (a :class:`ScalePlan` or the depth sweep's plan); κ(J) at the fractions ``kappa_at`` of the run."""
-    arm, over = ARMS[label]
+    ``p`` (a :class:`ScalePlan` or the depth sweep's plan); κ(J) at the fractions ``kappa_at`` of the run.
+    ``label`` ``"<arm>@<device>"`` (e.g. ``default@cpu``): that arm's run again, bound to ``device`` ("cpu" or
+    "cuda": only a worker on it trains it; :func:`arm_of`), its own record beside the arm's."""
+    base, _, device = label.partition("@")
+    arm, over = ARMS[base]
     n_layer, n_embd, n_head = size
     kw = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, batch_size=p.batch_size, block_size=p.block_size,
               tokens_per_param=tpp)
@@ -83,7 +86,19 @@ def make_spec(p, label: str, size, tpp: float, lr: float, seed: int, kappa_at: t
                        eval_blocks=p.eval_blocks, log_every=max(1, steps // 40), kappa_at=tuple(kappa_at),
                        diag_probe=(2, min(128, p.block_size)), v_gain=over.get("v_gain"),
                        setting=setting_name(size, tpp, lr),
-                       extra=dict(label=label, size=size_name(size), final_eval_blocks=p.final_eval_blocks), **kw)
+                       extra=dict(label=label, size=size_name(size), final_eval_blocks=p.final_eval_blocks,
+                                  **({"device": device} if device else {})), **kw)
+
+
+def arm_of(spec: LM.TrainSpec) -> str:
+    """The :data:`ARMS` label a run belongs to (``default`` for ``default@cpu``)."""
+    return spec.extra["label"].partition("@")[0]
+
+
+def trains_here(spec: LM.TrainSpec) -> bool:
+    """Whether this process's device (``_common.TRAIN_DEVICE``) may train ``spec`` (a run bound to a device:
+    :func:`make_spec`)."""
+    return spec.extra.get("device", C.TRAIN_DEVICE) == C.TRAIN_DEVICE
 
 
 def plan(p: ScalePlan) -> list[LM.TrainSpec]:

@@ -90,6 +90,9 @@ def test_own_grid_at_depth_8():
     best4 = {a: 3e-3 for a in p.arms}
     best8 = dict(best4, default=1e-2, conditioned=3e-2)
     runs = D.plan(p, _decided(D, p, best4), states={8: _decided(D, p, best8)})
+    matched = [r for r in runs if r.extra["label"] == "default@cpu"]  # default's device-matched runs (seeds 0-2)
+    assert [(r.n_layer, r.lr, r.seed) for r in matched] == [(8, best8["default"], s) for s in (0, 1, 2)]
+    runs = [r for r in runs if r not in matched]
     grid8 = [r for r in runs if r.n_layer == 8 and r.seed == 0]
     assert sorted((r.extra["label"], r.lr) for r in grid8) == sorted((a, lr) for a in p.arms for lr in p.grid_lrs)
     assert all(r.tokens_per_param == 20.0 for r in grid8)

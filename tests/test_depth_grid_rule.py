@@ -230,3 +230,52 @@ def test_the_plan_is_finished_only_once_every_run_is_recorded(tmp_path):
     seed4 = [r for r in D.plan(p, state, states=states) if r.n_layer == 8 and r.seed == 4]
     os.remove(D.SP.record_paths(out, seed4[-1])[0])  # one depth-8 seed less: not finished
     assert not D.plan_finished(out, p, metric)
+
+
+def test_a_device_matched_baseline_pairs_the_runs_made_on_another_device(tmp_path, monkeypatch):
+    """Default's depth-8 seeds 0-2 at 1e-2 ran on an H200, mimetic's on the CPU, so they paired at seeds 3-4 only.
+    With the own grid at depth 8 the plan adds ``default@cpu`` there for seeds 0-2 (bound to the CPU: a GPU worker
+    leaves them); once recorded (planted: default's own records, moved to the CPU and shifted), mimetic pairs at every
+    seed with a CPU run of default, and conditioned's H200 seeds still pair with default's own H200 runs."""
+    import dataclasses
+    import json
+
+    D = _depth()
+    import _depth_report as DR
+
+    out = _copy_committed_records(tmp_path)
+    metric = "wiki.valid.raw"
+    p = dataclasses.replace(D.FULL, own_grid_depths=(8,))
+    state, states = D.grid_state(out, p, metric), D.own_grid_states(out, p, metric)
+    matched = [r for r in D.plan(p, state, states=states) if r.extra["label"] == "default@cpu"]
+    assert [(r.n_layer, r.lr, r.seed, D.SP.arm_of(r)) for r in matched] == [(8, 1e-2, s, "default") for s in (0, 1, 2)]
+    assert not any(D.SP.arm_of(r) != r.extra["label"] for r in D.plan(D.FULL, state))  # an own-grid depth's only
+    for device, here in (("cuda", False), ("cpu", True)):
+        monkeypatch.setattr(D.C, "TRAIN_DEVICE", device)
+        assert all(D.SP.trains_here(r) is here for r in matched)
+
+    def verdict(arm):
+        res = DR.analyse(DR.load_runs(out, metric), p, state, states)
+        return res["depths"][8][arm]["gap_loss"], res.get("matched_baselines", {})
+
+    mimetic_before, _ = verdict("mimetic")
+    conditioned_before, _ = verdict("conditioned")
+    shift = 0.01
+    for spec in matched:
+        with open(os.path.join(out, "runs", spec.setting, "default", f"seed{spec.seed}.json")) as f:
+            rec = json.load(f)
+        assert rec["device"].startswith("cuda")
+        rec["eval_files"][metric]["loss"] += shift
+        D.C.write_json(D.SP.record_paths(out, spec)[0], dict(rec, key=spec.key(), device="cpu",
+                                                              spec=dataclasses.asdict(spec)))
+    assert all(D.SP.record_of(out, r) is not None for r in matched)
+    mimetic, shown = verdict("mimetic")
+    conditioned, _ = verdict("conditioned")
+    assert sorted(mimetic_before) == [3, 4] and sorted(mimetic) == [0, 1, 2, 3, 4]
+    for s in (3, 4):
+        assert mimetic[s] == mimetic_before[s]  # default's own CPU runs
+    runs = DR.load_runs(out, metric)[(8, p.main_tpp, 1e-2)]
+    for s in (0, 1, 2):
+        assert mimetic[s] == pytest.approx(runs["mimetic"][s]["loss"] - runs["default"][s]["loss"] - shift)
+    assert conditioned == conditioned_before and sorted(conditioned) == [0, 1, 2, 3, 4]
+    assert list(shown["8@cpu"]["loss"]) == [0, 1, 2]
