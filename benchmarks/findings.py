@@ -202,7 +202,11 @@ def findings_block(r: dict) -> str:
         + "). Conditioned against default, each at its own rate: "
         + "; ".join(f"depth {d} {_v(dep[d]['conditioned'].get('loss_verdict'))}"
                     for d in dep if "conditioned" in dep[d])
-        + (f". At depth {check} with default at conditioned's rate too: {_v(same['verdict'])}" if same else "")
+        + (f". At depth {check} with default at conditioned's rate too: {_v(same['verdict'])}"
+           if same and check not in own else "")  # with its own grid there each arm is at its own rate already
+        + ("" if check not in own else f". The other arms at depth {check}, each at its own rate: " + "; ".join(
+            f"{a} {_v(dep[check][a].get('loss_verdict'))}" for a in r["depth"]["plan"]["arms"]
+            if a not in ("default", "conditioned") and a in dep.get(check, {})))
         + ("." if check in own else f". Provisional at depth {check}: not every arm has its seeds at the best rate of "
            "its own grid there yet (docs/results.md \"Across depth\")."))
     accs = [x for cell in r["scale_cells"].values() for a in cell.values() for x in a.values()
