@@ -235,8 +235,9 @@ def test_the_plan_is_finished_only_once_every_run_is_recorded(tmp_path):
 def test_a_device_matched_baseline_pairs_the_runs_made_on_another_device(tmp_path, monkeypatch):
     """Default's depth-8 seeds 0-2 at 1e-2 ran on an H200, mimetic's on the CPU, so they paired at seeds 3-4 only.
     With the own grid at depth 8 the plan adds ``default@cpu`` there for seeds 0-2 (bound to the CPU: a GPU worker
-    leaves them); once recorded (planted: default's own records, moved to the CPU and shifted), mimetic pairs at every
-    seed with a CPU run of default, and conditioned's H200 seeds still pair with default's own H200 runs."""
+    leaves them); once recorded (the committed ones removed from the copy, then planted: default's own records, moved to
+    the CPU and shifted), mimetic pairs at every seed with a CPU run of default, and conditioned's H200 seeds still pair
+    with default's own H200 runs."""
     import dataclasses
     import json
 
@@ -244,6 +245,7 @@ def test_a_device_matched_baseline_pairs_the_runs_made_on_another_device(tmp_pat
     import _depth_report as DR
 
     out = _copy_committed_records(tmp_path)
+    shutil.rmtree(os.path.join(out, "runs", "8x64_tpp20_lr0.01", "default@cpu"), ignore_errors=True)  # as before them
     metric = "wiki.valid.raw"
     p = dataclasses.replace(D.FULL, own_grid_depths=(8,))
     state, states = D.grid_state(out, p, metric), D.own_grid_states(out, p, metric)
