@@ -7,6 +7,8 @@ model in bf16 (per tensor, against the reference's own bf16 error: `benchmarks/_
 fast path really runs (no widened head) where it should, and the fallback where it must (attention dropout). GQA: the
 CPU kernel reads fewer KV heads than query heads only from torch 2.9 (`kernel_takes_gqa`); before, the KV heads are
 repeated first, and a GQA model's fast path equals the reference whichever way the version check sends it.
+The CUDA branch, which no CPU test could run, runs with the CUDA ops served by the CPU kernel after binding each call
+to the running torch's own schema (`_CudaFlashOnTheCpu`): CI runs it on its torch, the floors' and the GPU machine's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401
@@ -163,3 +166,86 @@ def test_gpt2_head_dim_64_matches_the_reference_per_tensor(dtype_name, padded):
     assert verdict["passed"], {k: verdict[k] for k in ("worst_tensor", "rel_err", "ref_rel_err", "limit")}
     names = [t[0] for t in verdict["tensors"]]
     assert any("condinit_sink" in n for n in names)
+
+
+class _CudaFlashOnTheCpu(TorchDispatchMode):
+    """Serves the CUDA flash kernel's two ops (`_scaled_dot_product_flash_attention` and its backward) with the CPU
+    kernel, after binding the call to the running torch's own schema by argument name. The forward's bookkeeping
+    outputs are sentinels (cum_seq 101 / 102, RNG state 11 / 22, debug mask); the backward records what it was given
+    under the schema's names, so a test can check that each reached the argument the CUDA kernel reads it as."""
+
+    FORWARD = torch.ops.aten._scaled_dot_product_flash_attention.default
+    BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    @staticmethod
+    def _bind(func, args, kwargs) -> dict:
+        params = func._schema.arguments
+        assert len(args) <= sum(not p.kwarg_only for p in params) and set(kwargs) <= {p.name for p in params}
+        bound = {p.name: p.default_value if p.has_default_value() else None for p in params}
+        bound.update({p.name: a for p, a in zip(params, args)}, **kwargs)
+        return bound
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func not in (self.FORWARD, self.BACKWARD):
+            return func(*args, **(kwargs or {}))
+        a = self.calls[func] = self._bind(func, args, kwargs or {})
+        q, k, v = a["query"], a["key"], a["value"]
+        if func is self.FORWARD:
+            assert a["dropout_p"] == 0.0 and a["return_debug_mask"] is False
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, a["is_causal"], scale=a["scale"])
+            ints = (torch.tensor([101], dtype=torch.int32), torch.tensor([102], dtype=torch.int32),
+                    torch.tensor(11), torch.tensor(22))
+            return out, lse, ints[0], ints[1], q.shape[2], k.shape[2], ints[2], ints[3], torch.empty(0, dtype=q.dtype)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            a["grad_out"], q, k, v, a["out"], a["logsumexp"], a["dropout_p"], a["is_causal"], scale=a["scale"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["fp64", "bf16"])
+def test_the_cuda_kernel_branch_passes_each_value_where_the_running_torchs_schema_reads_it(dtype):
+    """`SinkAttention`'s CUDA branch (never run by a CPU test otherwise) with the two CUDA ops served by the CPU
+    kernel (`_CudaFlashOnTheCpu`): the call binds to this torch's schemas (the GPU machine's torch 2.11 in CI's
+    GPU-stack pass, the floors' 2.5, CI's own), the forward's cum_seq / max / RNG outputs reach the backward's
+    cum_seq_q/k, max_q/k and philox_seed/offset, the backward gets the sink's log-normaliser, and output and every
+    gradient equal the CPU branch's and the naive formula's."""
+    gen = torch.Generator().manual_seed(0)
+    B, H, Q, d, scale = 2, 3, 5, 8, 0.4
+    leaves = [torch.randn(B, H, Q, d, generator=gen, dtype=torch.float64) for _ in range(3)]
+    leaves.append(torch.randn(H, generator=gen, dtype=torch.float64))  # the sink logits, fp32 beside bf16 q / k / v
+    results = {}
+    for kernel in ("cuda", "cpu"):
+        q, k, v = (t.to(dtype, copy=True).requires_grad_() for t in leaves[:3])
+        s = leaves[3].to(torch.promote_types(dtype, torch.float32), copy=True).requires_grad_()
+        mode = _CudaFlashOnTheCpu()
+        with mode:
+            out = SinkAttention.apply(q, k, v, s, None, True, scale, 0.0, kernel)
+            out.backward(torch.ones_like(out))
+        results[kernel] = (out, q.grad, k.grad, v.grad, s.grad)
+        if kernel == "cpu":
+            assert not mode.calls
+            continue
+        fwd, bwd = mode.calls[mode.FORWARD], mode.calls[mode.BACKWARD]
+        assert (fwd["is_causal"], fwd["scale"]) == (True, scale)
+        assert [bwd[n].tolist() for n in ("cum_seq_q", "cum_seq_k", "philox_seed", "philox_offset")] == [
+            [101], [102], 11, 22]
+        assert (bwd["max_q"], bwd["max_k"], bwd["dropout_p"], bwd["is_causal"], bwd["scale"]) == (
+            Q, Q, 0.0, True, scale)
+        assert bwd["out"].dtype == dtype and bwd["logsumexp"].dtype == torch.promote_types(dtype, torch.float32)
+        lse_plain = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) * scale + torch.full(
+            (Q, Q), float("-inf"), dtype=torch.float64).triu(1), dim=-1)
+        lse_tol = 1e-10 if dtype == torch.float64 else 1e-2
+        torch.testing.assert_close(bwd["logsumexp"].double(), torch.logaddexp(lse_plain, s.double().view(1, H, 1)),
+                                   rtol=lse_tol, atol=lse_tol)  # the sink's log-normaliser, not the kernel's
+    for got, ref in zip(results["cuda"], results["cpu"]):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    q, k, v, s = (t.detach().clone().requires_grad_() for t in leaves)
+    vis = torch.ones(Q, Q, dtype=torch.bool).tril().expand(B, 1, Q, Q)
+    naive = _naive(q, k, v, s, vis, scale)
+    naive.backward(torch.ones_like(naive))
+    tol = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-2}
+    for got, ref in zip(results["cuda"], (naive, q.grad, k.grad, v.grad, s.grad)):
+        torch.testing.assert_close(got.double(), ref.double(), **tol)
