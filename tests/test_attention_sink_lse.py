@@ -14,6 +14,7 @@ to the running torch's own schema (`_CudaFlashOnTheCpu`): CI runs it on its torc
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +23,13 @@ from transformers import AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401
 from hf_condinit.attention import attention_sink as sink_module
-from hf_condinit.attention.attention_sink import SinkAttention, _additive_mask, lse_kernel, sink_attention
+from hf_condinit.attention.attention_sink import (
+    SinkAttention,
+    _additive_mask,
+    lse_kernel,
+    lse_kernel_choice,
+    sink_attention,
+)
 from hf_condinit.attention.reference import randomise_holders, register_references
 from utils import REPO, mini_config
 
@@ -249,3 +256,28 @@ def test_the_cuda_kernel_branch_passes_each_value_where_the_running_torchs_schem
     tol = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-2}
     for got, ref in zip(results["cuda"], (naive, q.grad, k.grad, v.grad, s.grad)):
         torch.testing.assert_close(got.double(), ref.double(), **tol)
+
+
+def test_the_cuda_kernel_is_chosen_only_where_the_flash_kernel_takes_the_call():
+    """`lse_kernel_choice` on CUDA inputs (stand-ins carrying the device, dtype and shape it reads): the CUDA flash
+    kernel for fp16 / bf16, no mask, equal head counts, head dims a multiple of 8 up to 256; the fallback otherwise."""
+    cuda = torch.device("cuda")
+
+    def t(heads=4, head_dim=64, dtype=torch.bfloat16):
+        return SimpleNamespace(device=cuda, dtype=dtype, shape=(2, heads, 16, head_dim))
+
+    assert lse_kernel_choice(t(), t(), t(), None, 0.1)[0] == "cuda"  # dropout: the kernel's own RNG
+    assert lse_kernel_choice(t(dtype=torch.float16), t(dtype=torch.float16), t(dtype=torch.float16), None, 0.0)[0] \
+        == "cuda"
+    assert lse_kernel_choice(t(head_dim=256), t(head_dim=256), t(head_dim=256), None, 0.0)[0] == "cuda"
+    refused = {
+        "a mask": (t(), t(), t(), object()),
+        "fp32": (t(dtype=torch.float32), t(dtype=torch.float32), t(dtype=torch.float32), None),
+        "GQA": (t(), t(heads=2), t(heads=2), None),
+        "head dim 60": (t(head_dim=60), t(head_dim=60), t(head_dim=60), None),
+        "head dim 264": (t(head_dim=264), t(head_dim=264), t(head_dim=264), None),
+        "v's head dim differs": (t(), t(), t(head_dim=32), None),
+    }
+    for case, (q, k, v, mask) in refused.items():
+        kernel, why = lse_kernel_choice(q, k, v, mask, 0.0)
+        assert kernel is None and why, case
