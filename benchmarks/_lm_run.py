@@ -8,10 +8,14 @@ stopped by a signal resumes as ``run_clm.py`` does: SIGTERM / SIGINT / SIGUSR1 m
 same spec into the same folder resumes from that checkpoint instead of starting over. The folder's
 :data:`RUN_STATE` file names the spec's key (a checkpoint of other settings is never resumed) and carries the CPU and
 wall seconds of the earlier segments, so that the record's ``cpu_seconds`` / ``wall_seconds`` cover the whole run;
-``resumed_at`` lists the steps it resumed at. The harness saves no periodic checkpoints: the signal's checkpoint is
-the last step the stopped segment trained, so that segment's logs and κ measurements end there. A resumed run trains
-on the same batches as an uninterrupted one and records the same ``train_batches_sha256``: the batches the Trainer
-skips are hashed from its own dataloader (:func:`_hash_skipped_batches`).
+``resumed_at`` lists the steps it resumed at. A kill that gives no chance to save (SIGKILL, the OOM killer, a lost
+machine) costs at most :data:`CHECKPOINT_EVERY_SECONDS` of training: :func:`periodic_checkpoint` saves a checkpoint
+that often (the newest one only is kept) and writes the seconds so far into :data:`RUN_STATE` beside it, so a resumed
+record counts the seconds of the work it keeps (work lost to a kill is not counted). On resume, the κ measurements
+past the checkpoint's step (and a line a kill cut short) are dropped from ``condition_number.jsonl``
+(:func:`_drop_kappa_after`): the resumed run measures them again. A resumed run trains on the same batches as an
+uninterrupted one and records the same ``train_batches_sha256``: the batches the Trainer skips are hashed from its own
+dataloader (:func:`_hash_skipped_batches`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from hf_condinit.study.files import write_json
 from hf_condinit.versions import RESUME_MIN_TORCH, torch_below
 
 RUN_STATE = "harness_run.json"  # in a run's Trainer folder: {"key", "cpu_seconds", "wall_seconds", "resumed_at"}
+#: Wall seconds between the periodic checkpoints of a harness run (compare.py --checkpoint-minutes; 0: none, only the
+#: signal's). A save of the harness's models takes well under a second: < 0.2 % of the run at this interval.
+CHECKPOINT_EVERY_SECONDS = 600.0
 GAIN_KEYS = ("qk_gain", "v_gain")  # the TrainSpec fields that change the conditioned init only
 SWEEP_KEYS = ("qk_gain", "v_gain", "lr", "n_layer", "n_embd", "n_head", "steps", "batch_size", "block_size",
               "warmup", "weight_decay")  # the TrainSpec fields a compare.py --sweep setting may override
@@ -74,7 +81,8 @@ class TrainSpec:
 
 def _training_arguments(spec: TrainSpec, run_dir: str, resumed: bool = False):
     """``TrainingArguments`` = ``run_clm.py``'s LM defaults (``LM_TRAINING_DEFAULTS``) with the spec's values; a
-    ``resumed`` run skips the evaluation on start (the checkpoint's log history has it)."""
+    ``resumed`` run skips the evaluation on start (the checkpoint's log history has it). Checkpoints are saved by
+    the signal's callback and :func:`periodic_checkpoint`, the newest one kept."""
     from transformers import TrainingArguments
 
     from hf_condinit.scripts_common import LM_TRAINING_DEFAULTS
@@ -85,7 +93,8 @@ def _training_arguments(spec: TrainSpec, run_dir: str, resumed: bool = False):
         per_device_eval_batch_size=spec.batch_size, learning_rate=spec.lr, warmup_steps=spec.warmup,
         weight_decay=spec.weight_decay, adam_beta1=spec.betas[0], adam_beta2=spec.betas[1], adam_epsilon=1e-8,
         max_grad_norm=spec.grad_clip, logging_steps=spec.log_every, eval_strategy="steps",
-        eval_steps=spec.eval_every, eval_on_start=not resumed, save_strategy="no", report_to=[], seed=spec.seed,
+        eval_steps=spec.eval_every, eval_on_start=not resumed, save_strategy="no", save_total_limit=1,
+        report_to=[], seed=spec.seed,
         data_seed=spec.seed, use_cpu=C.TRAIN_DEVICE == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         logging_nan_inf_filter=False,
     )
@@ -140,6 +149,53 @@ def _kappa_entry(rec: dict) -> dict:
                 unmasked_bound_mean=sum(ub) / len(ub) if ub else None,
                 n_saturated=sum(la["n_saturated"] for la in layers), n_heads=sum(la["n_heads"] for la in layers),
                 seconds=rec["seconds"], layers=layers)
+
+
+def periodic_checkpoint(every_seconds: float, on_saved):
+    """A ``TrainerCallback`` that asks for a checkpoint at the end of the first optimizer step at least
+    ``every_seconds`` of wall time after the start of training or the last save (none when ``every_seconds`` is 0, and
+    none at the last step: the run is then finished), and calls ``on_saved(step)`` after every save, the signal's
+    included."""
+    from transformers import TrainerCallback
+
+    class _PeriodicCheckpoint(TrainerCallback):
+        def __init__(self):
+            self.last = time.monotonic()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            due = every_seconds > 0 and time.monotonic() - self.last >= every_seconds
+            if due and state.global_step < state.max_steps:
+                control.should_save = True
+            return control
+
+        def on_save(self, args, state, control, **kwargs):
+            self.last = time.monotonic()
+            on_saved(state.global_step)
+
+    return _PeriodicCheckpoint()
+
+
+def _drop_kappa_after(run_dir: str, step: int) -> None:
+    """Keep in ``run_dir``'s ``condition_number.jsonl`` the lines of the κ measurements at steps up to ``step`` (the
+    checkpoint a run resumes from; every one of them was written whole before that checkpoint was saved); the later
+    ones, and a last line a kill cut short, are dropped."""
+    path = os.path.join(run_dir, "condition_number.jsonl")
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                pass
+    with open(path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)
 
 
 def summarize_trainer_run(run_dir: str) -> dict:
@@ -201,6 +257,7 @@ def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional
         with open(state_path) as f:
             state = json.load(f)
         state["resumed_at"].append(_step_of(resume))
+        _drop_kappa_after(run_dir, _step_of(resume))
         print(f"[compare] {run_dir}: resuming from {os.path.basename(resume)}", file=sys.stderr)
     write_json(state_path, state)
 
@@ -209,9 +266,12 @@ def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional
                     wall_seconds=state["wall_seconds"] + time.perf_counter() - t_start)
         return into
 
+    def on_saved(step: int) -> None:  # the seconds up to this checkpoint: a resume from it starts from them
+        write_json(state_path, add_this_segment(dict(state)))
+
     try:
         with open(os.path.join(run_dir, "log.txt"), "a") as log, contextlib.redirect_stdout(log):
-            rec = _train(spec, data, run_dir, eval_sets, blimp_dir, resume)
+            rec = _train(spec, data, run_dir, eval_sets, blimp_dir, resume, on_saved)
     except TrainingPreempted:
         write_json(state_path, add_this_segment(state))
         raise
@@ -274,7 +334,7 @@ def _hash_skipped_batches(trainer, digest, steps: int) -> None:
 
 
 def _train(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[dict], blimp_dir: Optional[str],
-           resume: Optional[str]) -> dict:
+           resume: Optional[str], on_saved) -> dict:
     from transformers import PrinterCallback, default_data_collator
 
     from hf_condinit.callbacks import NonFiniteLossError, RunReportCallback
@@ -302,6 +362,7 @@ def _train(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[di
     if resume is not None:
         _hash_skipped_batches(trainer, digest, _step_of(resume))
     trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(periodic_checkpoint(CHECKPOINT_EVERY_SECONDS, on_saved))
     RunReportCallback.attach(trainer, figures=False)  # the model card; the harness draws seed-aggregated figures
     if spec.kappa_at:
         steps = {min(spec.steps, int(round(f * spec.steps))) for f in spec.kappa_at}

@@ -108,6 +108,10 @@ def parse_args(argv=None):
     p.add_argument("--sweep-seeds", type=int, default=1, help="seeds per sweep setting (default 1)")
     p.add_argument("--no-base", action="store_true", help="only the sweep (its default arm still comes from base)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores / workers)")
+    p.add_argument("--checkpoint-minutes", type=float, default=LM.CHECKPOINT_EVERY_SECONDS / 60, metavar="M",
+                   help="LM runs: save a checkpoint every M minutes of training (the newest kept), so that a kill "
+                        "without warning (SIGKILL, out of memory) costs at most M minutes; 0: only on a signal "
+                        "(default %(default)g)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="train and evaluate on the CPU (default) or the first GPU; each record says where it ran")
     p.add_argument("--depths", type=int, nargs="+", default=None, metavar="N",
@@ -314,7 +318,10 @@ def main(argv=None) -> dict:
         fail("--train-seeds selects runs of the depth sweep; pass it with --depth-sweep")
     if args.grid_depths is not None and not args.depth_sweep:
         fail("--grid-depths adds LR grids to the depth sweep; pass it with --depth-sweep")
+    if not args.checkpoint_minutes >= 0:
+        fail(f"--checkpoint-minutes must be >= 0 (0: checkpoints only on a signal), got {args.checkpoint_minutes}")
     C.set_device(args.device)
+    LM.CHECKPOINT_EVERY_SECONDS = args.checkpoint_minutes * 60
     if args.scale_sweep:
         import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
 

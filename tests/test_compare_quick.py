@@ -286,6 +286,7 @@ def test_compare_user_errors_exit_2(tmp_path, capsys):
         ["--data", data, "--steps", "10", "--tokens-per-param", "1"],
         ["--data", data, "--tokens-per-param", "0"],
         ["--data", data, "--arms", "default", "no_such_arm"],
+        ["--data", data, "--checkpoint-minutes", "-1"],
     ]
     for argv in cases:
         with pytest.raises(SystemExit) as err:

@@ -1,17 +1,21 @@
-"""The harness resumes a run stopped by a signal (``benchmarks/_lm_run.train_run``), as ``run_clm.py`` does: a kill
-costs at most the work since the checkpoint the signal saved, not the whole run.
+"""The harness resumes a stopped run (``benchmarks/_lm_run.train_run``), as ``run_clm.py`` does: a signal costs at
+most the work since the checkpoint it saved, and a kill without warning (SIGKILL) at most the work since the last
+periodic checkpoint (``CHECKPOINT_EVERY_SECONDS``), not the whole run.
 
 Reference: the same spec trained without a stop. The resumed run must end with the same weights, the same eval and
 training curves, the same κ measurements and the same digest of its training batches (the one ``train_batches_sha256``
 pairs runs by), and count the CPU and wall seconds of both segments. A folder whose checkpoint is of other settings
 starts over, and so does every stopped run on a torch below ``RESUME_MIN_TORCH`` (the floors' 2.5), where the Trainer
 cannot load the optimizer state. The signal is a real SIGTERM sent to this process from inside a training forward
-pass."""
+pass; the kill is an exception no handler catches, raised there (what a SIGKILL leaves: no save, no state written),
+and the κ lines such a kill can leave past the checkpoint (one complete, one cut short) are planted before the
+resume."""
 
 import json
 import os
 import random
 import signal
+import sys
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ from hf_condinit.versions import RESUME_MIN_TORCH, torch_below
 from utils import TINYSTORIES, load_script
 
 STOP_AT_FORWARD = 6  # SIGTERM during the 6th training forward: the checkpoint is saved at the end of step 6
+KILL_AT_FORWARD = 11  # the kill during the 11th: the last periodic checkpoint is step 10's, after κ at step 8
 RESUME_REFUSED = torch_below(RESUME_MIN_TORCH)  # the Trainer cannot resume there: the harness starts over
 
 
@@ -55,6 +60,14 @@ def harness(tmp_path_factory):
     return LM, data, spec
 
 
+@pytest.fixture(scope="module")
+def whole(harness, tmp_path_factory):
+    """(record, Trainer folder) of the reference: the spec trained without a stop."""
+    LM, data, spec = harness
+    run_dir = str(tmp_path_factory.mktemp("whole") / "run")
+    return LM.train_run(spec(), data, run_dir), run_dir
+
+
 def _sigterm_during_training_forward(n: int):
     """A global forward pre-hook that sends SIGTERM to this process at the ``n``-th training forward of a GPT-2
     LM model; returns its handle."""
@@ -75,39 +88,29 @@ def _weights(run_dir):
     return load_file(os.path.join(run_dir, "model.safetensors"))
 
 
-def test_a_stopped_run_resumes_to_the_uninterrupted_result(harness, tmp_path, capsys):
-    from hf_condinit.callbacks import TrainingPreempted
-
-    LM, data, spec = harness
-    whole = LM.train_run(spec(), data, str(tmp_path / "whole"))
-
-    run_dir = str(tmp_path / "stopped")
-    handle = _sigterm_during_training_forward(STOP_AT_FORWARD)
-    try:
-        with pytest.raises(TrainingPreempted) as stop:
-            LM.train_run(spec(), data, run_dir)
-    finally:
-        handle.remove()
-    assert stop.value.step == STOP_AT_FORWARD
-    assert os.path.isdir(os.path.join(run_dir, f"checkpoint-{STOP_AT_FORWARD}"))
-
-    resumed = LM.train_run(spec(), data, run_dir)
-    assert "resumed_at" not in whole
+def _assert_resumed_like_the_whole(resumed, run_dir, whole, resumed_at: int, capsys):
+    """``resumed`` (the record of the run resumed in ``run_dir`` from ``checkpoint-<resumed_at>``) is the ``whole``
+    run: batches, curves, κ, final loss, weights; and it counts the seconds of the stopped segment too."""
+    LM = sys.modules["_lm_run"]
+    whole_rec, whole_dir = whole
+    assert "resumed_at" not in whole_rec
     if RESUME_REFUSED:  # transformers cannot load the optimizer state: the run starts over, to the same result
         assert "resumed_at" not in resumed and "resuming needs torch>=" in capsys.readouterr().err
     else:
-        assert resumed["resumed_at"] == [STOP_AT_FORWARD]
-    assert resumed["train_batches_sha256"] == whole["train_batches_sha256"]
-    assert resumed["steps"] == whole["steps"] == 16
-    assert [s for s, _ in resumed["eval_curve"]] == [s for s, _ in whole["eval_curve"]] == [0, 4, 8, 12, 16]
-    for (_, a), (_, b) in zip(resumed["eval_curve"], whole["eval_curve"]):
+        assert resumed["resumed_at"] == [resumed_at]
+    assert resumed["train_batches_sha256"] == whole_rec["train_batches_sha256"]
+    assert resumed["steps"] == whole_rec["steps"] == 16
+    assert [s for s, _ in resumed["eval_curve"]] == [s for s, _ in whole_rec["eval_curve"]] == [0, 4, 8, 12, 16]
+    for (_, a), (_, b) in zip(resumed["eval_curve"], whole_rec["eval_curve"]):
         assert a == pytest.approx(b, rel=1e-5)
-    assert [r[0] for r in resumed["train_curve"]] == [r[0] for r in whole["train_curve"]]
-    for a, b in zip(resumed["train_curve"], whole["train_curve"]):
+    assert [r[0] for r in resumed["train_curve"]] == [r[0] for r in whole_rec["train_curve"]]
+    for a, b in zip(resumed["train_curve"], whole_rec["train_curve"]):
         assert a[1] == pytest.approx(b[1], rel=1e-5)
-    assert [k["step"] for k in resumed["kappa"]] == [k["step"] for k in whole["kappa"]] == [0, 8, 16]
-    assert resumed["final_eval_loss"] == pytest.approx(whole["final_eval_loss"], rel=1e-5)
-    got, want = _weights(run_dir), _weights(str(tmp_path / "whole"))
+    assert [k["step"] for k in resumed["kappa"]] == [k["step"] for k in whole_rec["kappa"]] == [0, 8, 16]
+    for a, b in zip(resumed["kappa"], whole_rec["kappa"]):
+        assert a["mean"] == pytest.approx(b["mean"], rel=1e-4)
+    assert resumed["final_eval_loss"] == pytest.approx(whole_rec["final_eval_loss"], rel=1e-5)
+    got, want = _weights(run_dir), _weights(whole_dir)
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -118,6 +121,61 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(harness, tmp_path, ca
         assert 0 < state["cpu_seconds"] < resumed["cpu_seconds"]
         assert 0 < state["wall_seconds"] < resumed["wall_seconds"]
     assert resumed["train_seconds"] > 0
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(harness, whole, tmp_path, capsys):
+    from hf_condinit.callbacks import TrainingPreempted
+
+    LM, data, spec = harness
+    run_dir = str(tmp_path / "stopped")
+    handle = _sigterm_during_training_forward(STOP_AT_FORWARD)
+    try:
+        with pytest.raises(TrainingPreempted) as stop:
+            LM.train_run(spec(), data, run_dir)
+    finally:
+        handle.remove()
+    assert stop.value.step == STOP_AT_FORWARD
+    assert os.path.isdir(os.path.join(run_dir, f"checkpoint-{STOP_AT_FORWARD}"))
+    _assert_resumed_like_the_whole(LM.train_run(spec(), data, run_dir), run_dir, whole, STOP_AT_FORWARD, capsys)
+
+
+class _Killed(BaseException):
+    """Training ends mid-step with no save and no handler run, as under SIGKILL."""
+
+
+def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(harness, whole, tmp_path, capsys, monkeypatch):
+    LM, data, spec = harness
+    run_dir = str(tmp_path / "killed")
+    monkeypatch.setattr(LM, "CHECKPOINT_EVERY_SECONDS", 1e-9)  # a checkpoint after every step
+    seen, handlers = [0], {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def kill(module, args):
+        if module.__class__.__name__ == "GPT2LMHeadModel" and module.training:
+            seen[0] += 1
+            if seen[0] == KILL_AT_FORWARD:
+                raise _Killed
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(kill)
+    try:
+        with pytest.raises(_Killed):
+            LM.train_run(spec(), data, run_dir)
+    finally:
+        handle.remove()
+        for s, h in handlers.items():  # the kill skipped the preemption callback's restore
+            signal.signal(s, h)
+    last = KILL_AT_FORWARD - 1
+    assert sorted(n for n in os.listdir(run_dir) if n.startswith("checkpoint-")) == [f"checkpoint-{last}"]
+    with open(os.path.join(run_dir, LM.RUN_STATE)) as f:
+        assert json.load(f)["cpu_seconds"] > 0  # written beside the checkpoint
+    # what a kill can leave past the checkpoint: a κ line of a later step, and a line cut short
+    kappa_path = os.path.join(run_dir, "condition_number.jsonl")
+    with open(kappa_path) as f:
+        lines = f.readlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 8]
+    with open(kappa_path, "a") as f:
+        f.write(json.dumps({**json.loads(lines[-1]), "step": last + 2}) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    monkeypatch.setattr(LM, "CHECKPOINT_EVERY_SECONDS", 0.0)
+    _assert_resumed_like_the_whole(LM.train_run(spec(), data, run_dir), run_dir, whole, last, capsys)
 
 
 def test_a_checkpoint_of_other_settings_is_not_resumed(harness, tmp_path, capsys):
