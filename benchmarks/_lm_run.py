@@ -12,8 +12,8 @@ wall seconds of the earlier segments, so that the record's ``cpu_seconds`` / ``w
 machine) costs at most :data:`CHECKPOINT_EVERY_SECONDS` of training: :func:`periodic_checkpoint` saves a checkpoint
 that often (the newest one only is kept) and writes the seconds so far into :data:`RUN_STATE` beside it, so a resumed
 record counts the seconds of the work it keeps (work lost to a kill is not counted). On resume, the κ measurements
-past the checkpoint's step (and a line a kill cut short) are dropped from ``condition_number.jsonl``
-(:func:`_drop_kappa_after`): the resumed run measures them again. A resumed run trains on the same batches as an
+past the checkpoint's step (and a line a kill cut short) are dropped from ``condition_number.jsonl`` by the library's
+``ConditionNumberCallback``: the resumed run measures them again. A resumed run trains on the same batches as an
 uninterrupted one and records the same ``train_batches_sha256``: the batches the Trainer skips are hashed from its own
 dataloader (:func:`_hash_skipped_batches`).
 """
@@ -178,26 +178,6 @@ def periodic_checkpoint(every_seconds: float, on_saved):
     return _PeriodicCheckpoint()
 
 
-def _drop_kappa_after(run_dir: str, step: int) -> None:
-    """Keep in ``run_dir``'s ``condition_number.jsonl`` the lines of the κ measurements at steps up to ``step`` (the
-    checkpoint a run resumes from; every one of them was written whole before that checkpoint was saved); the later
-    ones, and a last line a kill cut short, are dropped."""
-    path = os.path.join(run_dir, "condition_number.jsonl")
-    if not os.path.exists(path):
-        return
-    kept = []
-    with open(path) as f:
-        for line in f:
-            try:
-                if json.loads(line)["step"] <= step:
-                    kept.append(line)
-            except (json.JSONDecodeError, KeyError, TypeError):
-                pass
-    with open(path + ".tmp", "w") as f:
-        f.writelines(kept)
-    os.replace(path + ".tmp", path)
-
-
 def summarize_trainer_run(run_dir: str) -> dict:
     """The numbers the harness aggregates from one Trainer output folder, read with ``hf_condinit.compare.load_run``
     (what ``python -m hf_condinit.compare`` reads): ``condinit``, the eval-loss curve logged during training
@@ -257,7 +237,6 @@ def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional
         with open(state_path) as f:
             state = json.load(f)
         state["resumed_at"].append(_step_of(resume))
-        _drop_kappa_after(run_dir, _step_of(resume))
         print(f"[compare] {run_dir}: resuming from {os.path.basename(resume)}", file=sys.stderr)
     write_json(state_path, state)
 

@@ -108,3 +108,25 @@ def test_build_probe_pads_short_examples():
     ids, mask = build_probe(ds, 2, 4, pad_token_id=0)
     assert ids.tolist() == [[5, 6, 7, 0], [8, 9, 10, 11]]
     assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+
+
+def test_a_resume_drops_the_lines_written_after_its_checkpoint(tmp_path):
+    """A run killed after its checkpoint at step 5 had measured step 10 and was cut short writing the next line: the
+    resumed run (training begins at step 5) keeps steps 0 and 5 only, and measures the rest again. A run that begins
+    at step 0 leaves the file alone."""
+    from transformers import TrainerControl, TrainerState
+
+    from hf_condinit.reporting.runs import read_kappa_records
+
+    path = tmp_path / "condition_number.jsonl"
+    lines = [json.dumps({"step": s, "log": {"kappa/mean": float(s + 1)}}) + "\n" for s in (0, 5, 10)]
+    written = "".join(lines) + lines[-1][:9]
+    cb = ConditionNumberCallback(probe_input_ids=torch.ones(2, 4, dtype=torch.long), every_n_steps=3,
+                                 at_train_begin=False)
+    state = TrainerState()
+    for step, left in ((0, written), (5, lines[0] + lines[1])):
+        path.write_text(written)
+        state.global_step = step
+        cb.on_train_begin(_args(tmp_path), state, TrainerControl())
+        assert path.read_text() == left, step
+    assert [r.step for r in read_kappa_records(str(path))] == [0, 5]

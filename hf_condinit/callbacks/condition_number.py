@@ -18,7 +18,9 @@ An unbound callback still measures: it appends the entry to ``state.log_history`
 ``step``, ``epoch``, the flat log dict under ``"log"``, and the per-layer / per-head report under ``"layers"``).
 
 Scheduling: step 0 at ``on_train_begin`` (skipped when resuming at a step that is not a multiple of the interval),
-then ``on_step_end`` whenever ``state.global_step % every_n_steps == 0``; never twice for the same step. Only the
+then ``on_step_end`` whenever ``state.global_step % every_n_steps == 0``; never twice for the same step. A resumed
+run (training begins at a step > 0) first drops from the JSONL file the lines of later steps and a line cut short
+(:func:`drop_records_after`): a run killed after its checkpoint measured them, and measures them again. Only the
 world-process-zero computes and logs; under ZeRO-3 (parameters carrying ``ds_id``) every rank runs the probe forward
 and the parameter gathering, which are collective. Under FSDP (FSDP2's sharded DTensor parameters, or FSDP1
 wrappers) nothing is measured: one logged line says so at the first scheduled measurement (a forward on rank 0
@@ -46,8 +48,8 @@ from transformers import TrainerCallback
 
 from ..diagnostics.probes import _unwrap, attention_jacobian_condition_number, resolve_causal
 
-__all__ = ["ConditionNumberCallback", "build_probe", "DEFAULT_PROBE_SIZE", "DEFAULT_PROBE_LENGTH",
-           "DEFAULT_EVERY_N_STEPS"]
+__all__ = ["ConditionNumberCallback", "build_probe", "drop_records_after", "DEFAULT_PROBE_SIZE",
+           "DEFAULT_PROBE_LENGTH", "DEFAULT_EVERY_N_STEPS"]
 
 DEFAULT_PROBE_SIZE = 2  # sequences in the probe batch
 DEFAULT_PROBE_LENGTH = 16  # tokens per probe sequence
@@ -109,6 +111,26 @@ def build_probe(dataset, probe_size: int = DEFAULT_PROBE_SIZE, probe_length: int
         input_ids[b, :len(w)] = torch.tensor(w, dtype=torch.long)
         mask[b, :len(w)] = 1
     return input_ids, mask
+
+
+def drop_records_after(path: str, step: int) -> None:
+    """Keep in the JSONL file ``path`` (one ``{"step": ...}`` object per line; nothing when it does not exist) the
+    lines of steps up to ``step``, the step a run resumes at: every one of them was written whole before that step's
+    checkpoint was saved. The lines of later steps, and a last line a kill cut short, are dropped (the file is
+    replaced atomically)."""
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                pass
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)
 
 
 class ConditionNumberCallback(TrainerCallback):
@@ -207,6 +229,8 @@ class ConditionNumberCallback(TrainerCallback):
     # -- events ----------------------------------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step > 0 and state.is_world_process_zero:  # a resume (module docstring)
+            drop_records_after(self._path(args), state.global_step)
         if self.at_train_begin and (self.every_n_steps == 0 and state.global_step == 0
                                     or self.every_n_steps and state.global_step % self.every_n_steps == 0):
             self._measure(args, state, model)
