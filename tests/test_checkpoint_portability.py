@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: E402
 
 import hf_condinit  # noqa: E402
+from hf_condinit.attention._common import compile_refusal  # noqa: E402
 from hf_condinit.attention.portable import PORTABLE_FILE, bundle_source, loading_instructions  # noqa: E402
 from hf_condinit.attention.reference import randomise_holders  # noqa: E402
 
@@ -78,6 +79,8 @@ PLAIN_LOADER = textwrap.dedent(
         out["class"] = type(model).__name__
         out["maxdiff"] = (logits - ref["logits"]).abs().max().item()
         out["passes_requests"] = any(getattr(h, "__name__", "") == "pass_attention_request"
+                                     for h in model._forward_pre_hooks.values())
+        out["refuses_compile"] = any(getattr(h, "__name__", "") == "_refuse_compile_hook"
                                      for h in model._forward_pre_hooks.values())
         if job.get("resave"):  # saved again by plain transformers: still portable, still the same model
             again = job["resave"]
@@ -149,13 +152,16 @@ def test_every_variant_loads_exactly_or_refuses_without_the_plugin(tmp_path):
         jobs.append({"path": path, "auto": cls.__name__, "concrete": CONCRETE[family]})
         if (family, kind) == ("gpt2", "affine_scaled"):
             jobs[-1]["resave"] = str(tmp_path / "resaved")
-        models[path] = kind
+        models[path] = kind, model
     results = _plain_load(jobs)
-    for path, kind in models.items():
+    for path, (kind, _) in models.items():
         r = results[path]
         assert r["class"].startswith("CondInit"), r
         assert r["maxdiff"] <= 1e-5, r
         assert r["passes_requests"] == (kind != "spectral"), r  # attention weights requested under compile (issue 39)
+        # torch.compile refused where the plugin refuses it (torch < 2.7, e.g. the floors; affine_scaled / spectral
+        # on 2.11): a portable checkpoint never compiles to wrong gradients either
+        assert r["refuses_compile"] == (compile_refusal(models[path][1].config) is not None), r
         assert "trust_remote_code=True" in r["auto"].get("error", ""), r
         if kind != "spectral":  # a concrete class refuses the unregistered attention implementation
             assert f'attn_implementation="{kind}"' in r["concrete"].get("error", ""), r

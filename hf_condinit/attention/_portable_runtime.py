@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ._common import watch_attention_requests
+from ._common import guard_compile, watch_attention_requests
 from .holders import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
 from .affine_scaled import affine_scaled_attention_forward
 from .attention_sink import attention_sink_attention_forward
@@ -98,8 +98,9 @@ class CondInitPortableConfigMixin:
 class CondInitPortableMixin:
     """Mixed in before a transformers model class: checks that the model is built with the recorded variant, then
     attaches the holders of ``config.condinit_holders`` before the original ``post_init`` (so they exist when
-    ``from_pretrained`` loads the weights), and, for a variant, the hooks that pass a request for attention weights
-    on to the blocks (`watch_attention_requests`, as `hf_condinit.attention.inject` does)."""
+    ``from_pretrained`` loads the weights), and, as `hf_condinit.attention.inject` does, the pre-hook that refuses
+    torch.compile in one line where the running torch compiles this model wrongly (`guard_compile`) and, for a
+    variant, the hooks that pass a request for attention weights on to the blocks (`watch_attention_requests`)."""
 
     def post_init(self):
         variant = getattr(self.config, "condinit_attention", None)
@@ -110,6 +111,7 @@ class CondInitPortableMixin:
                 "attn_implementation out (or pass the recorded one)."
             )
         attach_holders(self, getattr(self.config, "condinit_holders", None) or [])
+        guard_compile(self)
         if variant:
             watch_attention_requests(self)
         super().post_init()
