@@ -17,9 +17,13 @@ proves it on the miniature (`hf_condinit.layouts.proof`), then
 It prints one row per type and the counts on stdout and writes nothing else unless asked: ``--out FILE`` writes the
 markdown table (init ok / which variants ok / why not; types that do not build from a shrunk default config, or
 whose main input is neither token ids nor pixels, are listed apart), ``--readme FILE`` (with ``--out``) regenerates
-the counts between README's coverage markers (:data:`README_START` / :data:`README_END`), ``--records FILE`` keeps
-the measured rows. An existing ``--out`` file is overwritten only when this tool wrote it (its header carries
-:data:`GENERATED_MARK`) or with ``--force``; every refusal is one line and exit code 2, before any measurement.
+the counts between README's coverage markers, ``--records FILE`` keeps the measured rows. An existing ``--out`` file
+is overwritten only when this tool wrote it (its header carries the generated-by mark) or with ``--force``; every
+refusal is one line and exit code 2, before any measurement.
+
+This module holds the checks and the runs (`check_conditioned`, `check_mimetic`, `cover`, `run`) and the command
+line (`main`); the rows, their counts and how they are written (the table, README's block, the refusals of ``--out``
+/ ``--readme``) are `hf_condinit.coverage_report`'s.
 """
 
 from __future__ import annotations
@@ -29,40 +33,26 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 
 import torch
 import transformers
 from torch import nn
 
-INITS = ("conditioned", "mimetic")
-VARIANTS = ("affine_scaled", "attention_sink", "preconditioned", "spectral")
+from .coverage_report import (
+    INITS,
+    VARIANTS,
+    Row,
+    check_outputs,
+    counts,
+    short_reason,
+    to_markdown,
+    update_readme,
+)
+
 SEED = 0
 SEED_STRIDE = 1_000_003  # block generator seed = seed * SEED_STRIDE + ordinal (hf_condinit.api)
 
-__all__ = ["Row", "check_conditioned", "check_mimetic", "cover", "run", "to_markdown", "main"]
-
-
-@dataclass
-class Row:
-    """One model type's result. ``status``: ``"supported"`` (both inits ok), ``"refused"`` (with ``reason``),
-    ``"failed"`` (an init or check failed: ``reason``), ``"not built"`` (no miniature: not counted)."""
-
-    model_type: str
-    model_class: str = ""
-    status: str = "not built"
-    layout: str = ""
-    source: str = ""
-    via: str = ""
-    inits: dict[str, str] = field(default_factory=dict)
-    variants: dict[str, str] = field(default_factory=dict)
-    reason: str = ""
-    seconds: float = 0.0
-
-
-def _short(err: BaseException | str, n: int = 240) -> str:
-    text = str(err).replace("\n", " ").replace("|", "/")
-    return (text[: n - 1] + "…") if len(text) > n else text
+__all__ = ["check_conditioned", "check_mimetic", "cover", "run", "main"]
 
 
 def _auto_class(config):
@@ -242,7 +232,7 @@ def cover(model_type: str) -> Row:
             mini = build_miniature(model_class, config)
             inputs = miniature_inputs(mini)
         except Exception as err:
-            row.reason = f"does not build from a shrunk default config ({type(err).__name__}: {_short(err, 160)})"
+            row.reason = f"does not build from a shrunk default config ({type(err).__name__}: {short_reason(err, 160)})"
             return row
         if inputs is None:
             row.reason = f"no input recipe for main input {mini.main_input_name!r}"
@@ -262,7 +252,7 @@ def cover(model_type: str) -> Row:
                 row.source = "detected"
                 detect._CACHE[key] = (layout, None)
         except LayoutError as err:
-            row.status, row.reason = "refused", _short(err, 400)
+            row.status, row.reason = "refused", short_reason(err, 400)
             return row
         row.layout, row.via = layout.name, proof.via
         del mini
@@ -273,7 +263,7 @@ def cover(model_type: str) -> Row:
                 _forward_backward(model, inputs)
                 row.inits[method] = "ok"
             except Exception as err:
-                row.inits[method] = f"failed: {type(err).__name__}: {_short(err)}"
+                row.inits[method] = f"failed: {type(err).__name__}: {short_reason(err)}"
         ok = all(v == "ok" for v in row.inits.values())
         row.status = "supported" if ok else "failed"
         if not ok:
@@ -296,9 +286,9 @@ def cover(model_type: str) -> Row:
                     _no_future_leak(model, inputs)
                 row.variants[variant] = "ok"
             except Exception as err:
-                row.variants[variant] = f"failed: {type(err).__name__}: {_short(err)}"
+                row.variants[variant] = f"failed: {type(err).__name__}: {short_reason(err)}"
     except Exception as err:  # a bug of this tool or of the model: reported, the run goes on
-        row.status, row.reason = "failed", f"{type(err).__name__}: {_short(err)} ({_short(traceback.format_exc(-1))})"
+        row.status, row.reason = "failed", f"{type(err).__name__}: {short_reason(err)} ({short_reason(traceback.format_exc(-1))})"
     finally:
         row.seconds = time.perf_counter() - start
     return row
@@ -364,125 +354,6 @@ def _cover_with_timeout(model_type: str, timeout: int) -> Row:
         signal.signal(signal.SIGPROF, previous)
 
 
-def counts(rows: list[Row]) -> dict[str, int]:
-    built = [r for r in rows if r.status != "not built"]
-    out = {"types": len(rows), "built": len(built), "init": sum(r.status == "supported" for r in rows)}
-    for method in INITS:
-        out[method] = sum(r.inits.get(method) == "ok" for r in rows)
-    for variant in VARIANTS:
-        out[variant] = sum(r.variants.get(variant) == "ok" for r in rows)
-    return out
-
-
-def _cell(value: str | None) -> str:
-    if value is None:
-        return ""
-    if value == "ok":
-        return "ok"
-    return value.split(":", 1)[0]
-
-
-#: The header line that marks a file this tool wrote (an existing ``--out`` without it is not overwritten).
-GENERATED_MARK = "Generated by `python -m hf_condinit.coverage`"
-
-
-def to_markdown(rows: list[Row], seconds: float | None = None, command: str | None = None) -> str:
-    c = counts(rows)
-    lines = [
-        f"# Model coverage (transformers {transformers.__version__}, torch {torch.__version__})",
-        "",
-        GENERATED_MARK + " (do not edit by hand)"
-        + (f"; command: `{command}`" if command else "") + (f"; {seconds:.0f} s measured over the types" if seconds else "") + ".",
-        "",
-        f"- model types: {c['types']}; built from a shrunk default config: {c['built']}",
-        f"- init supported (conditioned and mimetic, weights checked, forward/backward): **{c['init']}**"
-        f" (conditioned {c['conditioned']}, mimetic {c['mimetic']})",
-        "- attention variants ok: " + ", ".join(f"{v} {c[v]}" for v in VARIANTS),
-        "",
-        "| model type | class | layout | via | conditioned | mimetic | " + " | ".join(VARIANTS) + " | why not |",
-        "|---|---|---|---|---|---|" + "---|" * len(VARIANTS) + "---|",
-    ]
-    for r in rows:
-        if r.status == "not built":
-            continue
-        why = r.reason
-        refused = {v: s for v, s in r.variants.items() if s != "ok"}
-        if not why and refused:
-            why = "; ".join(f"{v}: {s}" for v, s in refused.items())
-        lines.append(
-            f"| {r.model_type} | {r.model_class} | {r.layout}{' (' + r.source + ')' if r.source else ''} | {r.via} | "
-            f"{_cell(r.inits.get('conditioned'))} | {_cell(r.inits.get('mimetic'))} | "
-            + " | ".join(_cell(r.variants.get(v)) for v in VARIANTS) + f" | {_short(why, 300)} |"
-        )
-    skipped = [r for r in rows if r.status == "not built"]
-    if skipped:
-        lines += ["", "## Not built (not counted)", "", "| model type | reason |", "|---|---|"]
-        lines += [f"| {r.model_type} | {_short(r.reason, 200)} |" for r in skipped]
-    return "\n".join(lines) + "\n"
-
-
-#: The markers of README's generated coverage block (the convention of ``benchmarks/findings.py``'s blocks).
-README_START, README_END = "<!-- BEGIN GENERATED: coverage-summary -->", "<!-- END GENERATED: coverage-summary -->"
-
-
-def readme_section(rows: list[Row], table_path: str) -> str:
-    """The README block between the markers: the counts and a link to the full table (lines ≤ 120 characters)."""
-    c = counts(rows)
-    lines = [
-        README_START,
-        f"Measured on transformers {transformers.__version__} by `python -m hf_condinit.coverage` "
-        f"(full table: [{table_path}]({table_path})):",
-        "",
-        f"- model types: {c['types']}; built from a shrunk default config: {c['built']}",
-        f"- conditioned and mimetic init (weights checked, forward/backward): **{c['init']}**",
-        "- attention variants: " + ", ".join(f"`{v}` {c[v]}" for v in VARIANTS),
-        README_END,
-    ]
-    return "\n".join(lines)
-
-
-def _readme_parts(path: str) -> tuple[str, str]:
-    """``(before, after)`` the coverage markers of README ``path``; ``ValueError`` when they are missing."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if README_START not in text or README_END not in text.split(README_START, 1)[1]:
-        raise ValueError(f"--readme {path} has no {README_START} … {README_END} block; add one where the counts go")
-    head, rest = text.split(README_START, 1)
-    return head, rest.split(README_END, 1)[1]
-
-
-def update_readme(path: str, rows: list[Row], table_path: str) -> None:
-    """Replace the block between the coverage markers of README ``path`` by :func:`readme_section`, the table linked
-    relative to the README's folder (``ValueError`` if the markers are missing)."""
-    head, tail = _readme_parts(path)
-    link = os.path.relpath(os.path.abspath(table_path), os.path.dirname(os.path.abspath(path))).replace(os.sep, "/")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(head + readme_section(rows, link) + tail)
-
-
-def _written_by_us(path: str) -> bool:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return any(GENERATED_MARK in line for line, _ in zip(f, range(5)))
-
-
-def check_outputs(out: str | None, readme: str | None, force: bool) -> None:
-    """Refuse, before any measurement (``ValueError``, one line), an ``--out`` that is a folder or a file this tool
-    did not write (unless ``force``), a ``--readme`` without ``--out`` (the counts link to the table) or without
-    the coverage markers."""
-    if readme and not out:
-        raise ValueError("--readme links the counts to the full table: pass --out FILE too")
-    if out:
-        if os.path.isdir(out):
-            raise ValueError(f"--out {out} is a folder; name the markdown file to write")
-        if os.path.exists(out) and not force and not _written_by_us(out):
-            raise ValueError(f"--out {out} exists and was not written by hf_condinit.coverage (no "
-                             f"{GENERATED_MARK!r} header); pass another path, or --force to overwrite it")
-    if readme:
-        if not os.path.isfile(readme):
-            raise ValueError(f"--readme {readme}: no such file")
-        _readme_parts(readme)
-
-
 def main(argv: list[str] | None = None) -> int:
     from .names import did_you_mean
 
@@ -518,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m hf_condinit.coverage " + " ".join(argv if argv is not None else sys.argv[1:])
     for r in rows:
         print(f"{r.model_type:28s} {r.status:10s} {','.join(v for v in VARIANTS if r.variants.get(v) == 'ok'):50s} "
-              f"{_short(r.reason, 120)}")
+              f"{short_reason(r.reason, 120)}")
     c = counts(rows)
     print(f"{c} in {seconds:.0f} s")
     if args.out:

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from hf_condinit.coverage import README_END, README_START, _auto_class, check_conditioned, check_mimetic, main
+from hf_condinit.coverage import _auto_class, check_conditioned, check_mimetic, main
+from hf_condinit.coverage_report import README_END, README_START
 from hf_condinit.layouts import LayoutError
 from hf_condinit.layouts.miniature import shrink_config
 
@@ -188,7 +189,7 @@ def test_coverage_cli_refuses_in_one_line_before_any_work(tmp_path, monkeypatch,
 def test_the_readme_and_the_table_are_the_ones_the_tool_regenerates():
     """`--out docs/coverage.md --readme README.md` (docs/families.md) must find what it rewrites: the table's
     generated-by header and README's marked block."""
-    from hf_condinit.coverage import GENERATED_MARK, _readme_parts
+    from hf_condinit.coverage_report import GENERATED_MARK, _readme_parts
 
     assert GENERATED_MARK in (REPO / "docs" / "coverage.md").read_text().split("\n| ")[0]
     head, tail = _readme_parts(str(REPO / "README.md"))
