@@ -1,4 +1,5 @@
-"""Tests of the attention-Jacobian diagnostic: pure math (jacobian.py) and the model-level API (probes.py)."""
+"""Tests of the attention-Jacobian diagnostic: pure math (jacobian.py, condition_number.py) and the model-level API
+(probes.py)."""
 
 import math
 import os
@@ -167,7 +168,8 @@ def test_lambda_min_at_least_sigma_min_px_squared():
 
 
 def test_bound_is_not_a_theorem():
-    """The surrogate bound fails on some random probes with more tokens than width (documented in jacobian.py)."""
+    """The surrogate bound fails on some random probes with more tokens than width (documented in
+    condition_number.py)."""
     violations = 0
     for seed in range(60):
         g = torch.Generator().manual_seed(seed)

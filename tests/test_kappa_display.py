@@ -12,7 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import hf_condinit
 from hf_condinit.callbacks.condition_number import console_line
 from hf_condinit.compare import KAPPA_LOWER_BOUND_NOTE, compare_table, format_table, load_run
-from hf_condinit.diagnostics.jacobian import BOUND_NOTES, attention_head_output, head_condition_number
+from hf_condinit.diagnostics.condition_number import BOUND_NOTES, head_condition_number
+from hf_condinit.diagnostics.jacobian import attention_head_output
 from hf_condinit.reporting.model_card import _kappa_section, _warmup_named
 from hf_condinit.reporting.plots import (
     LOWER_BOUND_LABEL,

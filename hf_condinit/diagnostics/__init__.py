@@ -1,21 +1,24 @@
 """Diagnostics: the attention-Jacobian condition number (docs/methods.md §6).
 
-- :mod:`.jacobian`: pure tensor functions (closed-form J and G = J Jᵀ, κ, pseudo-condition numbers, the bound);
+- :mod:`.jacobian`: pure tensor functions of one head: the forward, the closed-form J and G = J Jᵀ;
+- :mod:`.condition_number`: pure tensor functions on top of it: κ, pseudo-condition numbers, the bounds;
 - :mod:`.probes`: capture the real attention inputs of a model, and the model-level
   :func:`attention_jacobian_condition_number` returning a :class:`ConditionReport`;
 Its Trainer callback, :class:`hf_condinit.callbacks.ConditionNumberCallback`, logs κ during training.
 """
 
-from .jacobian import (
+from .condition_number import (
     HeadCondition,
-    attention_head_gram,
-    attention_head_jacobian,
-    attention_head_output,
-    attention_probabilities,
     condition_bound,
     head_condition_number,
     pseudo_condition_number,
     softmax_jacobian_condition_number,
+)
+from .jacobian import (
+    attention_head_gram,
+    attention_head_jacobian,
+    attention_head_output,
+    attention_probabilities,
 )
 from .probes import (
     ConditionReport,

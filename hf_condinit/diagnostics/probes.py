@@ -5,9 +5,9 @@ For each layer and head, X is the real normalised input of the attention (the ``
 layout's attention block: ``ln_1`` output in GPT-2, ``input_layernorm`` output in Llama, the layer input in
 post-LN BERT), the weights are the head's ``(W_Q, W_K, W_V)`` views of :mod:`hf_condinit.layouts` of the weights
 the forward pass uses (W + C under spectral conditioning, `hf_condinit.attention.spectral.forward_weight`), and κ(J)
-comes from :func:`hf_condinit.diagnostics.jacobian.head_condition_number`. For ``affine_scaled``, ``attention_sink``
-and ``preconditioned`` κ is that of the plain softmax head inside the variant (its q/k/v weights are the forward's;
-the variant's output transform is not modelled).
+comes from :func:`hf_condinit.diagnostics.condition_number.head_condition_number`. For ``affine_scaled``,
+``attention_sink`` and ``preconditioned`` κ is that of the plain softmax head inside the variant (its q/k/v weights
+are the forward's; the variant's output transform is not modelled).
 
 Choice: rotary position embeddings (Llama, NeoX) are **not** applied: the diagnostic measures the Jacobian of the
 content attention ``softmax(s · (X W_Q + b_Q)(X W_K + b_K)ᵀ + mask)(X W_V + b_V)``, the object of the papers'
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from ..attention.spectral import forward_weight
-from .jacobian import BOUND_NOTES, HeadCondition, head_condition_number
+from .condition_number import BOUND_NOTES, HeadCondition, head_condition_number
 
 __all__ = [
     "CAUSAL_MODEL_TYPES",
@@ -275,7 +275,7 @@ class ConditionReport:
         """A per-layer table (``print(report)``): heads measured, κ mean / max over heads, the mean proven upper
         bound (``κ ≤``; ``n/a`` where it does not apply), the mean papers' surrogate (not a bound), mean κ(P) and
         κ(PX), and the heads whose κ is only a lower bound; a value marked ``≥`` is a lower bound. Notes under the
-        table say what the two bounds are (``hf_condinit.diagnostics.jacobian``). The full per-head data:
+        table say what the two bounds are (``hf_condinit.diagnostics.condition_number``). The full per-head data:
         :meth:`to_dict`."""
 
         def num(value: float, lower_bound: bool = False) -> str:

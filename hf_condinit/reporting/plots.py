@@ -156,8 +156,9 @@ def plot_kappa_layers(records: Sequence[KappaRecord], path: str, *, title: str |
 
 def kappa_layers_figure(records: Sequence[KappaRecord], *, title: str | None = None):
     """κ(J) per layer vs step, log scale: left the mean over heads with the layer's papers' surrogate dashed (same
-    colour; not an upper bound, ``hf_condinit.diagnostics.jacobian``), right the max over heads; a value that is
-    only a lower bound is marked (module docstring). Raises ``ValueError`` when no record has a finite positive κ."""
+    colour; not an upper bound, ``hf_condinit.diagnostics.condition_number``), right the max over heads; a value
+    that is only a lower bound is marked (module docstring). Raises ``ValueError`` when no record has a finite
+    positive κ."""
     layers = sorted({lay for r in records for lay in r.layers})
     if not any(_usable(r.layers[lay][k], True) for r in records for lay in r.layers for k in ("mean", "max")):
         raise ValueError("no finite positive κ in the records")
