@@ -415,3 +415,16 @@ def test_console_script_entry_point():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     module, func = scripts["hf-condinit-compare"].split(":")
     assert module == "hf_condinit.compare" and func == "main"
+
+
+def test_kappa_records_skip_an_unfinished_last_line_and_refuse_a_bad_one(tmp_path):
+    """A run read while it trains (or after a kill) may end in a line without its newline: skipped. A bad line
+    anywhere else, or a complete last line that is not a record, is one error naming the file and line."""
+    path = tmp_path / "condition_number.jsonl"
+    lines = [json.dumps({"step": s, "log": {"kappa/mean": 2.0 + s, "kappa/max": 3.0 + s}}) + "\n" for s in (0, 4)]
+    path.write_text("".join(lines) + lines[1][:12])
+    assert [(r.step, r.mean) for r in read_kappa_records(str(path))] == [(0, 2.0), (4, 6.0)]
+    for bad in (lines[0] + lines[1][:12] + "\n" + lines[1], "".join(lines) + '{"no_step": 1}'):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=r"condition_number.jsonl:[23]: not a condition-number record"):
+            read_kappa_records(str(path))

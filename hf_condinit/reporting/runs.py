@@ -149,9 +149,10 @@ def _float(value) -> float:
 
 def read_kappa_records(path: str) -> list[KappaRecord]:
     """The κ measurements of a ``condition_number.jsonl`` (``[]`` when the file does not exist), sorted by step;
-    a step measured twice (a resumed run) keeps its last line.
+    a step measured twice (a resumed run) keeps its last line. A last line that has no newline and does not parse is
+    a write in progress (a run being read while it trains) or one a kill cut short: skipped.
 
-    Raises ``ValueError`` naming the file and line for a line that is not a JSON object with ``step``."""
+    Raises ``ValueError`` naming the file and line for any other line that is not a JSON object with ``step``."""
     if not os.path.isfile(path):
         return []
     by_step: dict[int, KappaRecord] = {}
@@ -163,6 +164,8 @@ def read_kappa_records(path: str) -> list[KappaRecord]:
                 rec = json.loads(line)
                 step = int(rec["step"])
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                if not line.endswith("\n") and isinstance(e, json.JSONDecodeError):
+                    break  # the unfinished last line (docstring)
                 raise ValueError(f"{path}:{lineno}: not a condition-number record ({e})") from None
             layers = {
                 int(lay["layer"]): {**{k: _float(lay.get(k)) for k in ("mean", "max", "bound")},
