@@ -124,8 +124,10 @@ def test_a_resume_drops_the_lines_written_after_its_checkpoint(tmp_path):
     cb = ConditionNumberCallback(probe_input_ids=torch.ones(2, 4, dtype=torch.long), every_n_steps=3,
                                  at_train_begin=False)
     state = TrainerState()
-    for step, left in ((0, written), (5, lines[0] + lines[1])):
-        path.write_text(written)
+    whole_but_newline = lines[0] + lines[1][:-1]  # a kill between a record and its newline: the newline is added
+    for step, before, left in ((0, written, written), (5, written, lines[0] + lines[1]),
+                               (5, whole_but_newline, lines[0] + lines[1])):
+        path.write_text(before)
         state.global_step = step
         cb.on_train_begin(_args(tmp_path), state, TrainerControl())
         assert path.read_text() == left, step

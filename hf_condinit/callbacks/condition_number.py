@@ -125,7 +125,7 @@ def drop_records_after(path: str, step: int) -> None:
         for line in f:
             try:
                 if json.loads(line)["step"] <= step:
-                    kept.append(line)
+                    kept.append(line if line.endswith("\n") else line + "\n")  # the next append starts a line
             except (json.JSONDecodeError, KeyError, TypeError):
                 pass
     with open(path + ".tmp", "w", encoding="utf-8") as f:
