@@ -219,11 +219,9 @@ def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional
     on BLiMP (:func:`_lm_zero_shot.evaluate_blimp`, record key ``blimp``). Returns the run record:
     :func:`summarize_trainer_run` of the folder plus parameter counts, tokens seen, per-file eval, step-0
     diagnostics, the digest of the training batches, and ``cpu_seconds`` (user + system CPU time of this process)
-    and ``wall_seconds`` summed over the run's segments (``resumed_at``: the steps it resumed at, when it did). A
-    signal during training raises ``TrainingPreempted`` after the checkpoint is saved and the segment's seconds are
-    added to :data:`RUN_STATE`. What the Trainer prints goes to ``run_dir/log.txt``."""
-    from hf_condinit.callbacks import TrainingPreempted
-
+    and ``wall_seconds`` summed over the run's segments (``resumed_at``: the steps it resumed at, when it did). Every
+    checkpoint, the signal's and the periodic ones, writes the seconds so far into :data:`RUN_STATE`; a signal during
+    training then raises ``TrainingPreempted``. What the Trainer prints goes to ``run_dir/log.txt``."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     load_start = os.getloadavg()[0]
     resume = _resume_point(spec, run_dir)
@@ -248,12 +246,8 @@ def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional
     def on_saved(step: int) -> None:  # the seconds up to this checkpoint: a resume from it starts from them
         write_json(state_path, add_this_segment(dict(state)))
 
-    try:
-        with open(os.path.join(run_dir, "log.txt"), "a") as log, contextlib.redirect_stdout(log):
-            rec = _train(spec, data, run_dir, eval_sets, blimp_dir, resume, on_saved)
-    except TrainingPreempted:
-        write_json(state_path, add_this_segment(state))
-        raise
+    with open(os.path.join(run_dir, "log.txt"), "a") as log, contextlib.redirect_stdout(log):
+        rec = _train(spec, data, run_dir, eval_sets, blimp_dir, resume, on_saved)
     add_this_segment(rec)
     rec["loadavg_1m_at_start"] = load_start
     if state["resumed_at"]:
