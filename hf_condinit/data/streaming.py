@@ -2,12 +2,12 @@
 
 The streamed pipeline is the cached one with ``IterableDataset`` in place of ``Dataset``: the same rows (the
 validation split is the same contiguous first ``validation_split_percentage`` % of the rows, from a row count made
-in one pass without tokenizing), the same blank-row filter, the same tokenization, and packing over the same groups
-of ``map_batch_size`` rows (:func:`.text.pack_datasets`). A streamed run therefore yields the same blocks in the
-same order as the packed ``Dataset`` of a run without ``--streaming`` (single preprocessing worker; with
-``--preprocessing_num_workers N`` each of the N shards of a cached run starts its own group of rows). Nothing of
-the training split is written to disk; the validation blocks are (:func:`materialize`: evaluation needs a sized
-set, and its metrics are then those of the cached run).
+in one pass without tokenizing: :func:`hf_condinit.data.text.split_validation`), the same blank-row filter, the same
+tokenization, and packing over the same groups of ``map_batch_size`` rows (:func:`.text.pack_datasets`). A
+streamed run therefore yields the same blocks in the same order as the packed ``Dataset`` of a run without
+``--streaming`` (single preprocessing worker; with ``--preprocessing_num_workers N`` each of the N shards of a
+cached run starts its own group of rows). Nothing of the training split is written to disk; the validation blocks
+are (:func:`materialize`: evaluation needs a sized set, and its metrics are then those of the cached run).
 
 Under DDP, FSDP or DeepSpeed each rank reads its own share of the training stream (:func:`split_by_rank`): whole
 packing groups of ``PACK_GROUP_ROWS`` rows, group ``g`` to rank ``g mod W`` (``W`` the world size), so each rank
@@ -22,7 +22,7 @@ past the end of its share once.
 
 from __future__ import annotations
 
-__all__ = ["PACK_GROUP_ROWS", "count_rows", "split_stream", "split_by_rank", "mark_rows_of_rank", "rows_of_rank",
+__all__ = ["PACK_GROUP_ROWS", "count_rows", "split_by_rank", "mark_rows_of_rank", "rows_of_rank",
            "check_first_blocks", "materialize", "streamed_splits"]
 
 #: Rows packed together (:func:`hf_condinit.data.text.pack_datasets`' ``map_batch_size``, HF ``run_clm``'s 1000): each
@@ -34,19 +34,6 @@ _RANK_ATTR = "_condinit_rows_of_rank"
 def count_rows(stream, batch_size: int = 10_000) -> int:
     """The number of rows of an ``IterableDataset``, read once in batches of ``batch_size`` (nothing tokenized)."""
     return sum(len(next(iter(batch.values()))) for batch in stream.iter(batch_size=batch_size))
-
-
-def split_stream(stream, n_rows: int, percentage: float):
-    """``IterableDatasetDict(validation=first rows, train=the rest)``: the first ``round(n_rows · percentage / 100)``
-    rows of ``stream`` (``n_rows`` rows), as ``datasets``' ``train[:p%]`` / ``train[p%:]`` split a ``Dataset``.
-    Raises ``ValueError`` when that is no row."""
-    from datasets import IterableDatasetDict
-
-    n_val = round(n_rows * percentage / 100)  # datasets' "train[:p%]" rounding
-    if n_val == 0:
-        raise ValueError(f"the training data has {n_rows} rows, so {percentage:g} % held out for validation is no "
-                         f"row; pass --validation_file, a larger --validation_split_percentage, or more data.")
-    return IterableDatasetDict(validation=stream.take(n_val), train=stream.skip(n_val))
 
 
 def split_by_rank(raw, rank: int, world_size: int, group_rows: int = PACK_GROUP_ROWS):

@@ -9,9 +9,9 @@ Shared by ``run_clm.py`` and ``run_mlm.py``. Mirrors the Hugging Face example sc
 - blank lines: the ``text`` builder keeps them as empty rows (WikiText has one between every paragraph);
   rows whose text is only whitespace are dropped (``drop_blank=True``), after the validation split is taken, so
   the split boundary does not depend on that choice;
-- a validation split when none is given: the first ``validation_split_percentage`` % of the training rows
-  (contiguous, as in HF's ``train[:p%]``), the rest for training; deterministic, seed-free, and the same for
-  every init arm;
+- a validation split when none is given: the first ``round(n · p / 100)`` of the ``n`` training rows, ``p`` the
+  ``validation_split_percentage`` (a whole or fractional percentage; for a whole one the rows of HF's ``train[:p%]``),
+  the rest for training (:func:`split_validation`); deterministic, seed-free, and the same for every init arm;
 - packing: concatenate the tokenized rows and cut into ``block_size`` chunks, dropping the remainder;
   ``labels = input_ids`` for causal LM (:func:`group_texts`).
 """
@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from .streaming import PACK_GROUP_ROWS, check_first_blocks, count_rows, split_stream
+from .streaming import PACK_GROUP_ROWS, check_first_blocks, count_rows
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ __all__ = [
     "check_data_file",
     "load_raw_datasets",
     "split_sources",
+    "split_validation",
     "drop_blank_rows",
     "tokenize_datasets",
     "group_texts",
@@ -137,7 +138,8 @@ def load_raw_datasets(
 
     Exactly one source: ``dataset_name`` (hub, with optional ``dataset_config_name``; needs network unless
     cached) or ``train_file`` (local; ``validation_file`` optional). Without a validation set, the first
-    ``validation_split_percentage`` % of the training rows become one (0 disables evaluation data).
+    ``validation_split_percentage`` % of the training rows become one (:func:`split_validation`: counted in rows,
+    a fraction such as 12.5 included; 0 disables evaluation data).
 
     ``streaming``: an ``IterableDatasetDict`` with the same rows in the same order (:mod:`.streaming`): the split
     of a local file counts its rows in one pass (no tokenization) and takes the same contiguous first rows; a hub
@@ -148,7 +150,7 @@ def load_raw_datasets(
 
     Returns ``(raw_datasets, text_column)``; the text column is renamed to nothing, just resolved.
     """
-    from datasets import DatasetDict, load_dataset
+    from datasets import load_dataset
 
     if dataset_name is None and train_file is None:
         raise ValueError("need --dataset_name or --train_file")
@@ -173,12 +175,9 @@ def load_raw_datasets(
                     raise ValueError(f"dataset {dataset_name!r} has no validation split and no row count to take "
                                      f"{pct:g} % of its rows from while streaming; pass "
                                      f"--validation_split_percentage 0 (no evaluation) or stream it without --streaming")
-                raw = split_stream(raw["train"], n_rows, pct)
             else:
-                raw = DatasetDict(
-                    validation=load_dataset(dataset_name, dataset_config_name, split=f"train[:{pct}%]", **common),
-                    train=load_dataset(dataset_name, dataset_config_name, split=f"train[{pct}%:]", **common),
-                )
+                n_rows = len(raw["train"])
+            raw = split_validation(raw["train"], n_rows, pct, f"--dataset_name {dataset_name!r}")
         builder = None
     else:
         builder = check_data_file(train_file, "train_file")
@@ -197,21 +196,8 @@ def load_raw_datasets(
             kwargs["keep_linebreaks"] = keep_linebreaks
         raw = _load_local(builder, data_files, kwargs)
         if "validation" not in raw and validation_split_percentage > 0:
-            pct = validation_split_percentage
             n_rows = count_rows(raw["train"]) if streaming else len(raw["train"])
-            n_val = round(n_rows * pct / 100)  # datasets' "train[:p%]" rounding
-            if n_val == 0:
-                raise ValueError(
-                    f"--train_file {train_file!r} has {n_rows} rows, so {pct:g} % held out for validation is no row; "
-                    f"pass --validation_file, a larger --validation_split_percentage, or more data."
-                )
-            if streaming:
-                raw = split_stream(raw["train"], n_rows, pct)
-            else:
-                raw = DatasetDict(
-                    validation=load_dataset(builder, data_files=data_files, split=f"train[:{pct}%]", **kwargs),
-                    train=load_dataset(builder, data_files=data_files, split=f"train[{pct}%:]", **kwargs),
-                )
+            raw = split_validation(raw["train"], n_rows, validation_split_percentage, f"--train_file {train_file!r}")
 
     column = _resolve_text_column(raw, text_column)
     if drop_blank:
@@ -225,6 +211,24 @@ def load_raw_datasets(
                 "pass a bigger --validation_split_percentage or a --validation_file"
             )
     return raw, column
+
+
+def split_validation(train, n_rows: int, percentage: float, source: str = "the training data"):
+    """``{"validation": the first rows of train, "train": the rest}``, contiguous and in order, as a ``DatasetDict``
+    (``train`` a ``Dataset``) or an ``IterableDatasetDict`` (``train`` a stream of ``n_rows`` rows, counted before).
+
+    The validation part is the first ``round(n_rows · percentage / 100)`` rows (Python's ``round``: a half goes to
+    the even count), so a fractional ``percentage`` (12.5) splits exactly as a whole one; for a whole ``percentage``
+    these are the rows of ``datasets``' ``train[:p%]`` (its default ``closest`` rounding). Raises ``ValueError``
+    naming ``source`` when that is no row."""
+    from datasets import DatasetDict, IterableDatasetDict
+
+    n_val = round(n_rows * percentage / 100)
+    if n_val == 0:
+        raise ValueError(f"{source} has {n_rows} rows, so {percentage:g} % held out for validation is no row; pass "
+                         f"--validation_file, a larger --validation_split_percentage, or more data.")
+    splits = DatasetDict if hasattr(train, "num_rows") else IterableDatasetDict
+    return splits(validation=train.take(n_val), train=train.skip(n_val))
 
 
 def split_sources(
