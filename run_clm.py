@@ -80,6 +80,7 @@ from hf_condinit.scripts_common import (
     make_condition_number_callback,
     make_throughput_callback,
     parse_and_set_up,
+    recipe_applies,
     resolve_model_config,
     run_main,
     select_splits,
@@ -311,8 +312,9 @@ def prepare_data(model_args, data_args, training_args, spec: MQARSpec | None, co
 
 
 def build_model(model_args, config, tokenizer, condinit: dict | None, attention: str | None):
-    """The model: loaded from ``--model_name_or_path`` (never re-initialised; ``attention`` only when given), or
-    built from ``config`` with the condinit recipe and a vocabulary sized to ``tokenizer``."""
+    """The model: loaded from ``--model_name_or_path`` (never re-initialised; its saved attention unless
+    ``attention`` names one), or built from ``config`` with the condinit recipe (``None``: as transformers builds it)
+    and a vocabulary sized to ``tokenizer``; ``attention`` ``None``: transformers' choice."""
     if model_args.model_name_or_path:
         kwargs = model_args.hub_kwargs()
         if model_args.torch_dtype:
@@ -326,7 +328,8 @@ def build_model(model_args, config, tokenizer, condinit: dict | None, attention:
             setattr(config, name, tokenizer.eos_token_id)
         if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= config.vocab_size:
             config.pad_token_id = None
-        model = AutoModelForCausalLM.from_config(config, condinit=condinit, attn_implementation=attention,
+        recipe = {} if condinit is None else {"condinit": condinit}  # None: transformers' own from_config call
+        model = AutoModelForCausalLM.from_config(config, **recipe, attn_implementation=attention,
                                                  trust_remote_code=model_args.trust_remote_code)
     return with_causal_loss_type(model)
 
@@ -377,6 +380,8 @@ def main(argv=None):
             raise UsageError("--model_name_or_path continues a model on new data: pass --train_file or --dataset_name.")
         condinit = None if loaded else cond_args.condinit_dict(seed=training_args.seed)
         config, config_path = load_model_config(model_args, synthetic)
+        if not loaded and not recipe_applies(cond_args, config):
+            condinit = None  # no attention layout, no plugin flag: built and trained as transformers does
         if attention_given or not loaded:
             check_attention_usable(cond_args.attention, model_class(AutoModelForCausalLM, config, loaded,
                                                                     model_args.hub_kwargs()),
@@ -436,10 +441,11 @@ def main(argv=None):
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {loaded} only {config.vocab_size}; "
                          f"pass the model's own tokenizer (omit --tokenizer_name).")
     check_resume_vocabulary(model_args, resume, len(tokenizer), config.vocab_size if loaded else None)
-    model = build_model(model_args, config, tokenizer, condinit, cond_args.attention if attention_given or not loaded else None)
+    model = build_model(model_args, config, tokenizer, condinit, cond_args.attn_implementation)
     apply_speed_levers(model, model_args, len(tokenizer))
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-    arm = f"loaded from {loaded}" if loaded else f"init={condinit['method']} seed={condinit['seed']}"
+    arm = f"loaded from {loaded}" if loaded else (f"init={condinit['method']} seed={condinit['seed']}" if condinit
+                                                  else "the model's own init (no attention layout: no recipe)")
     logger.info(
         f"Model {config_path}: {n_params / 1e6:.2f}M parameters, {arm}, attention={model.config._attn_implementation}, "
         f"block_size={block_size}, vocab={model.config.vocab_size}"
@@ -484,7 +490,7 @@ def main(argv=None):
         summary = {k: results[k] for k in ("eval_loss", "perplexity", "eval_recall_accuracy", "train_loss",
                                             "train_runtime", "train_tokens_per_second", "blimp_accuracy")
                    if k in results}
-        arm = f"from {loaded}" if loaded else condinit["method"]
+        arm = f"from {loaded}" if loaded else cond_args.init
         print(f"run_clm result ({arm}, {model.config._attn_implementation}) -> {training_args.output_dir}: "
               + json.dumps(summary))
     return results

@@ -307,7 +307,7 @@ def run_task(
         kwargs = {"config": config, "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes,
                   **model_args.hub_kwargs()}
         if attention_given:
-            kwargs["attn_implementation"] = cond_args.attention
+            kwargs["attn_implementation"] = cond_args.attn_implementation
         model = AutoModelForSequenceClassification.from_pretrained(model_args.model_name_or_path, **kwargs)
     else:
         reference = CrammedBertConfig()
@@ -318,7 +318,7 @@ def run_task(
         model = AutoModelForSequenceClassification.from_config(
             config,
             condinit=cond_args.condinit_dict(training_args.seed),
-            attn_implementation=cond_args.attention,
+            attn_implementation=cond_args.attn_implementation,
             trust_remote_code=model_args.trust_remote_code,
         )
     logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "

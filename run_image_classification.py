@@ -66,6 +66,7 @@ from hf_condinit.scripts_common import (
     make_condition_number_callback,
     make_throughput_callback,
     parse_and_set_up,
+    recipe_applies,
     resolve_model_config,
     run_main,
     train_and_save,
@@ -259,6 +260,8 @@ def build_trainer(model_args, data_args, cond_args, training_args, attention_giv
     loaded = model_args.model_name_or_path
     condinit = None if loaded else cond_args.condinit_dict(training_args.seed)
     config = model_config(model_args)
+    if condinit is not None and not recipe_applies(cond_args, config):
+        condinit = None  # no attention layout, no plugin flag: built and trained as transformers does
     raw, image_column, label_column, labels = data if data is not None else load_data(model_args, data_args,
                                                                                       training_args)
 
@@ -269,18 +272,20 @@ def build_trainer(model_args, data_args, cond_args, training_args, attention_giv
         kwargs = {"config": config, "ignore_mismatched_sizes": model_args.ignore_mismatched_sizes,
                   **model_args.hub_kwargs()}
         if attention_given:
-            kwargs["attn_implementation"] = cond_args.attention
+            kwargs["attn_implementation"] = cond_args.attn_implementation
         model = AutoModelForImageClassification.from_pretrained(loaded, **kwargs)
     else:
-        model = AutoModelForImageClassification.from_config(config, condinit=condinit,
-                                                            attn_implementation=cond_args.attention,
+        recipe = {} if condinit is None else {"condinit": condinit}  # None: transformers' own from_config call
+        model = AutoModelForImageClassification.from_config(config, **recipe,
+                                                            attn_implementation=cond_args.attn_implementation,
                                                             trust_remote_code=model_args.trust_remote_code)
     if model_args.image_processor_name or loaded:
         image_processor = AutoImageProcessor.from_pretrained(model_args.image_processor_name or loaded,
                                                              **model_args.hub_kwargs())
     else:
         image_processor = ViTImageProcessorPil(size={"height": config.image_size, "width": config.image_size})
-    init = f"loaded from {loaded}" if loaded else f"init={condinit['method']} seed={condinit['seed']}"
+    init = f"loaded from {loaded}" if loaded else (f"init={condinit['method']} seed={condinit['seed']}" if condinit
+                                                   else "the model's own init (no attention layout: no recipe)")
     logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
                 f"{init}, attention={model.config._attn_implementation}, {len(labels)} labels")
 
@@ -339,6 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
         if not loaded:
             cond_args.condinit_dict(training_args.seed)
         config = model_config(model_args)
+        if not loaded:
+            recipe_applies(cond_args, config)  # a plugin flag on a type without an attention layout: one line
         if attention_given or not loaded:
             check_attention_usable(cond_args.attention, model_class(AutoModelForImageClassification, config, loaded,
                                                                     model_args.hub_kwargs()),
@@ -364,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict:
     if trainer.is_world_process_zero():
         summary = {k: results[k] for k in ("eval_accuracy", "eval_loss", "train_loss", "train_runtime",
                                             "train_samples_per_second") if k in results}
-        print(f"run_image_classification result ({cond_args.init}, {cond_args.attention}) -> "
+        print(f"run_image_classification result ({cond_args.init}, {trainer.model.config._attn_implementation}) -> "
               f"{training_args.output_dir}: " + json.dumps(summary))
     return results
 

@@ -65,6 +65,7 @@ from hf_condinit.scripts_common import (
     make_throughput_callback,
     parse_and_set_up,
     parse_config_overrides,
+    recipe_applies,
     run_main,
     select_splits,
     train_and_save,
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None):
         check_loaded_model_flags(cond_args, argv, model_args.model_name_or_path)
         condinit = None if model_args.model_name_or_path else cond_args.condinit_dict(training_args.seed)
         config = reference_config(model_args, data_args)  # a bad --config_overrides / --max_seq_length fails here
+        if condinit is not None and not recipe_applies(cond_args, config):
+            condinit = None  # no attention layout, no plugin flag: built and trained as transformers does
         if data_args.streaming and training_args.do_train and training_args.max_steps <= 0:
             raise UsageError("--streaming needs --max_steps N: a stream has no length to count epochs in.")
         if data_args.pad_to_max_length and not data_args.line_by_line:
@@ -364,20 +367,23 @@ def prepare_data(model_args, data_args, training_args):
 
 
 def build_model(model_args, cond_args, tokenizer, data_args, condinit, attention_given: bool):
-    """Load ``--model_name_or_path`` (never re-initialised) or build a new model with the condinit recipe."""
+    """Load ``--model_name_or_path`` (never re-initialised) or build a new model with the condinit recipe
+    (``None``: as transformers builds it)."""
     if model_args.model_name_or_path:
         kwargs = model_args.hub_kwargs()
         if model_args.config_name:
             kwargs["config"] = reference_config(model_args, data_args)
         if attention_given:
-            kwargs["attn_implementation"] = cond_args.attention
+            kwargs["attn_implementation"] = cond_args.attn_implementation
         model = AutoModelForMaskedLM.from_pretrained(model_args.model_name_or_path, **kwargs)
     else:
         config = build_config(model_args, len(tokenizer), tokenizer.pad_token_id, data_args.max_seq_length)
-        model = AutoModelForMaskedLM.from_config(config, condinit=condinit, attn_implementation=cond_args.attention,
+        recipe = {} if condinit is None else {"condinit": condinit}  # None: transformers' own from_config call
+        model = AutoModelForMaskedLM.from_config(config, **recipe, attn_implementation=cond_args.attn_implementation,
                                                  trust_remote_code=model_args.trust_remote_code)
     n_params = sum(p.numel() for p in model.parameters())
-    logger.info(f"Model {type(model).__name__}: {n_params / 1e6:.2f}M parameters, init={cond_args.init}, "
+    init = cond_args.init if condinit is not None or model_args.model_name_or_path else "the model's own (no recipe)"
+    logger.info(f"Model {type(model).__name__}: {n_params / 1e6:.2f}M parameters, init={init}, "
                 f"attention={model.config._attn_implementation}")
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))

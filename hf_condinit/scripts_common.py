@@ -20,7 +20,8 @@ What every script calls (one call each):
   newest complete checkpoint); :func:`claim_output_dir`, first inside ``with user_errors(output_dir):``: one run per
   folder.
 - :func:`check_attention_usable`, :func:`check_loaded_model_flags`, :meth:`CondInitArguments.condinit_dict`: the
-  model flags against the machine, the model class and each other, before any work.
+  model flags against the machine, the model class and each other, before any work; :func:`recipe_applies`: a
+  model type without an attention layout is built as transformers does unless a plugin flag asks for the layout.
 - :class:`CondInitTrainer`: no weight decay on ``condinit_`` holders, biases and norms, a non-finite loss stops the
   run, quiet tied-weight resumes; :func:`train_and_save`, :func:`evaluate_with_perplexity`: the shared tail.
 
@@ -47,7 +48,7 @@ from .scripts.lifecycle import (
 )
 from .scripts.logs import setup_logging
 from .scripts.machine import has_accelerator
-from .scripts.model_checks import check_attention_usable, check_loaded_model_flags
+from .scripts.model_checks import check_attention_usable, check_loaded_model_flags, recipe_applies
 from .scripts.model_config import parse_config_overrides, resolve_model_config, with_causal_loss_type
 from .scripts.parsing import (
     default_output_dir,
@@ -75,6 +76,7 @@ __all__ = [
     "has_accelerator",
     "check_attention_usable",
     "check_loaded_model_flags",
+    "recipe_applies",
     "check_numeric_flags",
     "FLAG_RANGES",
     "check_deepspeed_file",

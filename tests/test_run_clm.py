@@ -256,7 +256,7 @@ def test_bad_input_errors(tmp_path, no_work):
         # issue 11 item 17: options the method / attention never reads
         (["--init", "mimetic", "--value_init", "per_head"], "value_init is read by method 'conditioned' only"),
         (["--init", "conditioned", "--mimetic_beta1", "0.2"], "mimetic_beta1 is read by method 'mimetic' only"),
-        (["--affine_rho", "0.5"], "affine_rho is read by attention 'affine_scaled' only, not 'sdpa'"),
+        (["--affine_rho", "0.5"], "affine_rho is read by attention 'affine_scaled' only, not 'default'"),
         (["--spectral_mode", "svd"], "spectral_mode is read only with spectral_lambda set"),
         # issue 11 item 16: attention implementations that cannot run here / on GPT-2
         (["--attention", "flash_attention_2"], "needs a GPU"),

@@ -72,11 +72,17 @@ class TokenizerHubArguments(HubArguments):
         return {**self.hub_kwargs(), "use_fast": self.use_fast_tokenizer}
 
 
+#: ``--init`` / ``--attention`` value that leaves the choice to the model (its own init, transformers' attention).
+MODEL_DEFAULT = "default"
+
+
 @dataclass
 class CondInitArguments:
     """Flags of the attention initialisation and variants; each option maps 1:1 to a ``CondInitConfig`` field.
 
     Options left at ``None`` are not passed, so ``CondInitConfig``'s own defaults apply (docs/methods.md §1-5).
+    At their defaults (:meth:`plugin_flags` empty) a model type hf_condinit has no attention layout for is built and
+    trained as transformers does (:func:`hf_condinit.scripts.model_checks.recipe_applies`).
     """
 
     init: str = field(
@@ -85,11 +91,12 @@ class CondInitArguments:
                           "orthogonal)."},
     )
     attention: str = field(
-        default="sdpa",
+        default=MODEL_DEFAULT,
         metadata={
-            "help": "Attention implementation: sdpa, eager, or an hf_condinit variant (affine_scaled, "
-            "attention_sink, preconditioned); HF's flash_attention_2/3/4 and flex_attention where this machine and "
-            "model support them (checked before any work)."
+            "help": "Attention implementation: default (the model's own: transformers' choice, sdpa where the model "
+            "supports it, else eager), sdpa, eager, or an hf_condinit variant (affine_scaled, attention_sink, "
+            "preconditioned); HF's flash_attention_2/3/4 and flex_attention where this machine and model support "
+            "them (checked before any work)."
         },
     )
     condinit_seed: int | None = field(
@@ -157,13 +164,37 @@ class CondInitArguments:
             aliases = "".join(f", {a} (alias of {b})" for a, b in INIT_METHOD_ALIASES.items())
             raise UsageError(f"unknown --init {self.init!r}{did_you_mean(self.init, [*inits, *INIT_METHOD_ALIASES])}; "
                              f"choose one of: {', '.join(inits)}{aliases}")
-        atts = known_attention_names()
+        atts = [MODEL_DEFAULT, *known_attention_names()]
         if self.attention == "spectral":
             raise UsageError("--attention spectral: spectral conditioning is not an attention implementation; pass "
                              "--spectral_lambda λ (the paper's best: 10), with any --attention.")
         if self.attention not in atts:
             raise UsageError(f"unknown --attention {self.attention!r}{did_you_mean(self.attention, atts)}; choose one "
                              f"of: {', '.join(atts)}")
+
+    @property
+    def attn_implementation(self) -> str | None:
+        """``attn_implementation=`` for ``from_config`` / ``from_pretrained``: ``None`` (transformers chooses) for
+        ``--attention default``, else the name given."""
+        return None if self.attention == MODEL_DEFAULT else self.attention
+
+    def plugin_flags(self) -> list[str]:
+        """The flags given that need hf_condinit's attention layout of the model, as typed: ``--init`` other than
+        default, an hf_condinit ``--attention`` variant, ``--spectral_lambda``, ``--log_condition_number_every``
+        (e.g. ``["--init conditioned"]``); empty at the defaults."""
+        from hf_condinit.config import INIT_METHOD_ALIASES
+        from hf_condinit.registry import ATTENTION_VARIANTS
+
+        flags = []
+        if INIT_METHOD_ALIASES.get(self.init, self.init) != "default":
+            flags.append(f"--init {self.init}")
+        if self.attention in ATTENTION_VARIANTS:
+            flags.append(f"--attention {self.attention}")
+        if self.spectral_lambda is not None:
+            flags.append(f"--spectral_lambda {self.spectral_lambda:g}")
+        if self.log_condition_number_every:
+            flags.append(f"--log_condition_number_every {self.log_condition_number_every}")
+        return flags
 
     def condinit_dict(self, seed: int) -> dict[str, Any]:
         """The ``condinit=`` dict for ``from_config``: method, seed, and every option the user set.

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 
-from ..names import BUILTIN_ATTENTION
+from ..registry import ATTENTION_VARIANTS
 from .arguments import CondInitArguments
 from .errors import UsageError
 
@@ -55,7 +55,7 @@ def validate_deepspeed_config(training_args, cond_args: CondInitArguments | None
         if hf_ds.is_true("fp16.enabled"):
             problems.append("- ds fp16.enabled=true but --use_cpu: DeepSpeed has no fp16 on CPU; use bf16 or fp32")
     if cond_args is not None and "optimizer" in cfg:
-        uses_holders = cond_args.attention not in BUILTIN_ATTENTION or cond_args.spectral_lambda is not None
+        uses_holders = cond_args.attention in ATTENTION_VARIANTS or cond_args.spectral_lambda is not None
         if uses_holders:
             problems.append(
                 f"- ds config has an 'optimizer' block, which gives DeepSpeed a single parameter group, so weight "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from .arguments import CondInitArguments
+from .arguments import MODEL_DEFAULT, CondInitArguments
 from .errors import UsageError
 from .machine import has_accelerator
 from .parsing import flags_given
@@ -15,7 +15,10 @@ def check_attention_usable(attention: str, model_class, config, use_cpu: bool = 
     """Raise a :class:`UsageError` when ``--attention`` cannot run with ``model_class`` (built from ``config``) on this
     machine: HF's own check (flash-attention package, the model's support for flash / flex attention), plus a GPU
     for ``flash_attention_*``, and no ``paged|...`` (continuous-batching generation only) for training.
-    ``model_class``: a concrete class, or an ``AutoModelFor...`` class resolved through its mapping. Builds nothing."""
+    ``model_class``: a concrete class, or an ``AutoModelFor...`` class resolved through its mapping. Builds nothing.
+    ``--attention default`` (or ``None``) is transformers' own choice, which always resolves: nothing to check."""
+    if attention in (None, MODEL_DEFAULT):
+        return
     if attention.startswith("paged|"):
         raise UsageError(f"--attention {attention} is for generation with continuous batching, not training; "
                          f"use sdpa or eager.")
@@ -36,6 +39,27 @@ def check_attention_usable(attention: str, model_class, config, use_cpu: bool = 
     except (ValueError, ImportError) as err:
         first = str(err).split(". ")[0].rstrip(".")
         raise UsageError(f"--attention {attention} cannot be used with {model_class.__name__} here: {first}.") from None
+
+
+def recipe_applies(cond_args: CondInitArguments, config) -> bool:
+    """Whether a new model of ``config`` gets hf_condinit's recipe (``condinit=``, recorded in ``config.condinit``):
+    True when hf_condinit has an attention layout for its type. False when it has none and no flag of
+    :meth:`CondInitArguments.plugin_flags` was given: the script then builds the model as transformers does (no
+    ``condinit=``, transformers' attention), so every model type HF's example scripts train (Mamba, RWKV, FNet, ...:
+    docs/coverage.md) trains the same way. Raises a :class:`UsageError` naming the flags and the reason when they
+    were given on such a type. Builds at most the miniatures of the layout proof (cached per type)."""
+    from hf_condinit.layouts import LayoutError, get_layout
+
+    try:
+        get_layout(config)
+    except LayoutError as err:
+        flags = cond_args.plugin_flags()
+        if not flags:
+            return False
+        reason = " ".join(str(err).split()).rstrip(".")
+        raise UsageError(f"{', '.join(flags)}: {reason}; without {'it' if len(flags) == 1 else 'them'} "
+                         f"{getattr(config, 'model_type', 'the model')} trains as transformers builds it.") from None
+    return True
 
 
 def check_loaded_model_flags(cond_args: "CondInitArguments", argv: list[str] | None, model_name_or_path: str | None) -> None:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .arguments import SCRIPT_DEFAULTS, CondInitArguments
+from .arguments import MODEL_DEFAULT, SCRIPT_DEFAULTS, CondInitArguments
 from .deepspeed_checks import check_deepspeed_file, validate_deepspeed_config
 from ..names import did_you_mean
 from .errors import UsageError, user_errors
@@ -107,9 +107,12 @@ def set_run_modes(training_args, given: set[str], supported: tuple[str, ...] = (
 def default_output_dir(prefix: str, cond_args: "CondInitArguments", model_name_or_path: str | None = None) -> str:
     """``runs/<prefix>-<arm>``: one folder per ``--init`` / ``--attention`` / spectral arm (or per loaded model),
     so runs that differ only in the arm never share a folder. E.g. ``runs/clm-conditioned-sdpa``,
-    ``runs/mlm-default-affine_scaled-spectral10``, ``runs/glue-rte-from-mlm_conditioned-sdpa``."""
+    ``runs/mlm-default-affine_scaled-spectral10``, ``runs/glue-rte-from-mlm_conditioned-sdpa``. ``--attention
+    default`` is named ``sdpa``: what transformers asks for first (a model without SDPA falls back to eager), so the
+    arm keeps the folder it has with ``--attention sdpa``."""
     arm = f"from-{os.path.basename(os.path.normpath(model_name_or_path))}" if model_name_or_path else cond_args.init
-    parts = [prefix, arm, cond_args.attention.replace("|", "-")]
+    attention = "sdpa" if cond_args.attention == MODEL_DEFAULT else cond_args.attention
+    parts = [prefix, arm, attention.replace("|", "-")]
     if cond_args.spectral_lambda is not None:
         parts.append(f"spectral{cond_args.spectral_lambda:g}")
     return os.path.join("runs", "-".join(parts))
