@@ -6,9 +6,10 @@ HF example structure (``ModelArguments`` / ``DataTrainingArguments`` / ``Trainin
 - ``CondInitArguments`` (``hf_condinit.scripts_common``, shared with ``run_clm.py``): ``--init
   {default,mimetic,conditioned}`` (the attention init of a model built from config:
   ``from_config(config, condinit={"method": init, "seed": seed, ...}, attn_implementation=attention)``),
-  ``--attention {sdpa,eager,affine_scaled,attention_sink,preconditioned}`` and the method options (``--value_init``,
-  ``--qk_gain``, ``--spectral_lambda``, ...); with ``--model_name_or_path`` the attention is changed only when
-  ``--attention`` is given;
+  ``--attention {default,sdpa,eager,affine_scaled,attention_sink,preconditioned}`` (default: transformers' choice)
+  and the method options (``--value_init``, ``--qk_gain``, ``--spectral_lambda``, ...); with
+  ``--model_name_or_path`` the attention is changed only when ``--attention`` is given; at the defaults a model type
+  without an attention layout (``--model_type fnet``) is built and trained as transformers does;
 - ``CondInitTrainer``: no weight decay on ``condinit_`` holders, biases, norms and other < 2-D parameters;
 - no ``--model_name_or_path``: a Crammed BERT built from ``CrammedBertConfig`` (docs/methods.md §7), adjustable with
   ``--config_overrides "num_hidden_layers=4,hidden_size=256"``; ``--model_name_or_path`` loads any MLM checkpoint
