@@ -24,6 +24,12 @@ loss (sample std over seeds). Only a flat cell may be called near convergence.
 "Steps to reach" the baseline's final value is :func:`crossing_step`: the first step at which an eval curve is at
 least as good as the target, linearly interpolated between the two evaluations around the crossing.
 
+**Power** of the same test (:func:`power`, :func:`detectable_effect`, :func:`seeds_needed`): the probability that
+the two-sided paired t-test at level ``alpha`` rejects "mean = 0" when the true mean difference is ``effect`` and
+the paired differences' standard deviation is ``sd``, from the noncentral t distribution (n − 1 dof, noncentrality
+``effect · √n / sd``). A report gives, per comparison, the smallest effect its n detects with probability
+:data:`POWER` (80 %) and the pairs needed to detect a stated effect, both from the observed paired sd.
+
 The text helpers (:func:`flat_sentence`, :func:`fmt`, :func:`family_caption`) name the rule by ``source``, the
 module a report cites for it (``benchmarks/_verdict.py`` re-exports this module under its own name).
 """
@@ -34,11 +40,14 @@ import math
 import statistics
 from typing import Iterable, Optional
 
-__all__ = ["ALPHA", "LEVEL", "NA", "SOURCE", "crossing_step", "entry", "family_caption", "flat_curve",
-           "flat_sentence", "fmt", "holm", "interval", "judge", "mean_std", "paired"]
+__all__ = ["ALPHA", "LEVEL", "NA", "POWER", "SOURCE", "crossing_step", "detectable_effect", "entry",
+           "family_caption", "flat_curve", "flat_sentence", "fmt", "holm", "interval", "judge", "mean_std", "paired",
+           "power", "seeds_needed"]
 
 ALPHA = 0.05
 LEVEL = 0.95
+#: The power a report's detectable effect and seeds needed are computed for.
+POWER = 0.8
 NA = "n/a (1 seed)"
 #: How reports cite this rule unless told otherwise.
 SOURCE = "hf_condinit.stats"
@@ -141,6 +150,55 @@ def judge(cells: dict, higher_is_better=False, alpha: float = ALPHA) -> dict:
         else:
             v["verdict"] = "no"
     return out
+
+
+def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """The power of the two-sided paired t-test at level ``alpha`` with ``n`` ≥ 2 pairs (module docstring): the
+    probability that ``|T| > t_{1 − alpha/2, n − 1}`` for ``T`` noncentral t with n − 1 dof and noncentrality
+    ``|effect| · √n / sd``; ``sd`` > 0."""
+    from scipy import stats
+
+    df = n - 1
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+    nc = abs(effect) * math.sqrt(n) / sd
+    upper, lower = float(stats.nct.sf(crit, df, nc)), float(stats.nct.cdf(-crit, df, nc))
+    # far in the tails scipy's series may give NaN: there the upper tail is 1 and the lower one 0
+    return (upper if math.isfinite(upper) else 1.0) + (lower if math.isfinite(lower) else 0.0)
+
+
+def detectable_effect(sd: float, n: int, alpha: float = ALPHA, target: float = POWER) -> float | None:
+    """The smallest mean difference (in the metric's units, > 0) the paired t-test with ``n`` pairs detects with
+    probability ``target`` at level ``alpha`` when the paired sd is ``sd``; 0 for a zero sd, None for n < 2."""
+    from scipy import optimize
+
+    if n < 2 or sd is None:
+        return None
+    if sd == 0:
+        return 0.0
+    hi = 1.0
+    while power(hi, 1.0, n, alpha) < target:
+        hi *= 2
+    return sd * float(optimize.brentq(lambda d: power(d, 1.0, n, alpha) - target, 0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
+def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, target: float = POWER) -> int | None:
+    """The fewest pairs n ≥ 2 whose paired t-test detects a mean difference ``effect`` with probability ``target``
+    at level ``alpha`` when the paired sd is ``sd`` (2 for a zero sd); None when ``effect`` is 0 or ``sd`` unknown."""
+    if sd is None or not effect:
+        return None
+    if sd == 0:
+        return 2
+    hi = 2
+    while power(effect, sd, hi, alpha) < target:
+        hi *= 2
+    lo = max(2, hi // 2)
+    while lo < hi:  # the power grows with n: the first n that reaches the target
+        mid = (lo + hi) // 2
+        if power(effect, sd, mid, alpha) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def flat_curve(curves: Iterable, steps: int) -> dict:

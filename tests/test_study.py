@@ -1,5 +1,7 @@
-"""Issue 35 item 1: ``python -m hf_condinit.study`` plans arms × seeds × each arm's rate, runs the cells (claimed,
-resumable), prints a SLURM array script that gives the same report, and refuses what it cannot do in one line.
+"""``python -m hf_condinit.study`` plans arms × seeds × each arm's rate, runs the cells (claimed, resumable; dead
+workers named and replaced), grows a plan without redoing finished cells, prints a SLURM array script that gives the
+same report, reports a verdict without the cells that chose the rates and its power, and refuses what it cannot do
+in one line before anything is saved.
 
 The cells run ``tests/study_fake_run.py`` (a stand-in for run_clm.py whose final loss is known: default is best at
 3e-3, the other arms at 1e-2 and 0.05 lower); ``test_real_run_clm_study`` runs run_clm.py itself."""
@@ -92,12 +94,33 @@ def test_study_runs_every_cell_once_and_reports_the_paired_verdict(tmp_path, stu
     (row,) = rep["paired"]
     assert row["arm"] == "conditioned" and (row["lr"], row["baseline_lr"]) == (9e-3, 3e-3)
     v = row["verdict"]
-    assert v["n"] == 3 and v["verdict"] == "better" and v["lo"] < v["mean"] < v["hi"] < 0
+    assert v["n"] == 2 and v["verdict"] == "better" and v["lo"] < v["mean"] < v["hi"] < 0
+    # the verdict leaves out seed 0, whose cells chose the rates; the optimistic table has it, and says so
+    final = lambda arm, seed, lr: json.loads((tmp_path / "s" / "arms" / arm / f"seed{seed}_lr{lr}" /  # noqa: E731
+                                              "eval_results.json").read_text())["eval_loss"]
+    diffs = {s: final("conditioned", s, 0.009) - final("default", s, 0.003) for s in (0, 1, 2)}
+    assert rep["verdict_seeds"] == [1, 2] and set(map(int, v["diffs"])) == {1, 2}
+    assert all(math.isclose(v["diffs"][str(k)], diffs[k], rel_tol=1e-12) for k in (1, 2))
+    ref = stats.interval([diffs[1], diffs[2]])
+    assert all(math.isclose(v[k], ref[k], rel_tol=1e-9) for k in ("mean", "sd", "lo", "hi", "p"))
+    (biased,) = rep["paired_with_selection"]
+    assert biased["verdict"]["n"] == 3 and math.isclose(biased["verdict"]["mean"], sum(diffs.values()) / 3)
+    # power: from the verdict's paired sd at its n, the effect 1 % of the baseline's mean final value
+    (pw,) = rep["power"]
+    base_mean = (final("default", 1, 0.003) + final("default", 2, 0.003)) / 2
+    assert math.isclose(pw["effect"], 0.01 * base_mean, rel_tol=1e-12) and pw["alpha"] == 0.05
+    assert math.isclose(pw["detectable"], stats.detectable_effect(ref["sd"], 2), rel_tol=1e-12)
+    assert pw["pairs_needed"] == stats.seeds_needed(pw["effect"], ref["sd"]) and pw["seeds_needed"] == pw[
+        "pairs_needed"] + 1
     md = (tmp_path / "s" / "report.md").read_text()
     assert "best at the edge of the grid" in md and "better" in md and "![report_eval.png]" in md
+    assert "at seed 0 on the grid" in md and "Seed 0's cells chose the rates, so they are kept out" in md
+    assert "## With the selection seed 0 too (optimistic)" in md and "### Power" in md
     assert (tmp_path / "s" / "report_lr.png").read_bytes()[:4] == b"\x89PNG"
+    before = (tmp_path / "s" / "report.md").read_bytes(), (tmp_path / "s" / "report.json").read_bytes()
     code, _, _ = study(tmp_path / "s", command=None)  # --out alone: the saved plan, nothing left to run
     assert code == 0 and log.read_text().split() == starts
+    assert ((tmp_path / "s" / "report.md").read_bytes(), (tmp_path / "s" / "report.json").read_bytes()) == before
 
 
 def test_a_killed_worker_is_restarted_without_redoing_finished_cells(tmp_path, study):
@@ -156,23 +179,69 @@ def test_slurm_array_tasks_give_the_same_report(tmp_path, study):
     (["--arms", "default", "mimetic", "--seeds", "0"], [FAKE], "--seeds 0 must be"),
     (["--arms", "default", "mimetic", "--bogus"], [FAKE], "unrecognized arguments"),
     (["--report"], None, "no study there"),
-    (["--arms", "default", "mimetic", "--metric", "eval_bleu"], [FAKE], "is --metric one of its eval results"),
+    (["--arms", "default", "mimetic", "--effect", "-1"], [FAKE], "--effect -1: give an effect > 0"),
+    # checked before the plan is saved: a study flag after --, the command's own parser, --do_train missing
+    (["--arms", "default", "mimetic"], [FAKE, "--slurm", "--workers=2"],
+     "--slurm, --workers after -- goes to the command, but it is a flag of the study: put it before --"),
+    (["--arms", "default", "mimetic"], [FAKE, "--sleep", "soon"],
+     "study_fake_run.py exited 2): fake_run: error: argument --sleep: invalid float value: 'soon'"),
+    (["--arms", "default", "mimetic"], [FAKE, "--do_eval"], "the command does not train"),
 ])
-def test_user_errors_are_one_line_and_exit_2(tmp_path, study, args, command, message):
+def test_user_errors_are_one_line_and_exit_2_and_leave_no_folder(tmp_path, study, args, command, message):
     code, _, err = study(tmp_path / "s", *args, command=command)
     assert code == 2 and message in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("hf-condinit-study: error: ")
+    assert not (tmp_path / "s").exists()
 
 
-def test_changed_flags_are_refused_and_a_failing_command_stops_the_study(tmp_path, study):
+def test_a_metric_the_command_does_not_write_stops_the_study(tmp_path, study):
+    code, _, err = study(tmp_path / "s", "--arms", "default", "mimetic", "--metric", "eval_bleu")
+    assert code == 2 and "is --metric one of its eval results" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_grown_plan_runs_only_its_new_cells_and_a_change_that_breaks_finished_cells_is_refused(tmp_path, study):
+    """2 seeds grown to 3, then one more arm, then a wider grid: each step runs only the new cells; the report says
+    what was added and when; another command or metric, fewer seeds, another baseline are refused in one line."""
+    log, out = tmp_path / "starts.log", tmp_path / "s"
+    env = {"FAKE_RUN_LOG": str(log)}
+    assert study(out, "--arms", "default", "conditioned", "--seeds", "2", "--lr", "3e-3", "1e-2", env=env)[0] == 0
+    first = log.read_text().split()
+    assert len(first) == 4 + 2 + 2  # grid, one extension each, seed 1
+    code, printed, err = study(out, "--seeds", "3", command=None, env=env)
+    assert code == 0, err
+    assert "the plan grew: seeds 2 → 3" in printed
+    new = log.read_text().split()[len(first):]
+    assert sorted(new) == ["conditioned/seed2_lr0.01", "default/seed2_lr0.003"]  # only seed 2
+    assert study(out, "--arms", "default", "conditioned", "mimetic", command=None, env=env)[0] == 0
+    new = log.read_text().split()[len(first) + 2:]
+    assert len(new) == 2 + 1 + 2 and {c.split("/")[0] for c in new} == {"mimetic"}  # its grid, extension, seeds
+    before = len(log.read_text().split())
+    assert study(out, "--lr", "3e-3", "1e-2", "1e-3", command=None, env=env)[0] == 0
+    new = log.read_text().split()[before:]
+    assert sorted(new) == ["conditioned/seed0_lr0.001", "default/seed0_lr0.001", "mimetic/seed0_lr0.001"]
+    rep = json.loads((out / "report.json").read_text())
+    assert [h["added"] for h in rep["plan"]["history"]] == ["seeds 2 → 3", "arm mimetic", "rate 0.001"]
+    assert {c["state"] for c in rep["cells"]} == {"finished"} and len(rep["paired"]) == 2
+    md = (out / "report.md").read_text()
+    assert "## Plan grown" in md and ": seeds 2 → 3" in md and ": arm mimetic" in md
+    for args, command, message in [
+            (["--metric", "perplexity"], None, "--metric was eval_loss, now perplexity"),
+            (["--seeds", "2"], None, "--seeds was 3, now 2 (a study only grows)"),
+            (["--arms", "conditioned", "default"], None, "a study keeps its baseline first"),
+            (["--lr", "3e-3", "1e-2"], None, "a grid only grows"),
+            ([], (FAKE, "--sleep", "1"), "the command differs from word 2 on (was '(nothing)', now '--sleep 1')")]:
+        code, _, err = study(out, *args, command=command)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+        assert "use another --out" in err
+    assert json.loads((out / "study.json").read_text())["seeds"] == 3  # nothing saved by a refusal
+
+
+def test_a_failing_command_stops_the_study(tmp_path, study):
     args = ["--arms", "default", "conditioned", "--seeds", "2", "--lr", "3e-3"]
-    assert study(tmp_path / "s", *args)[0] == 0
-    code, _, err = study(tmp_path / "s", "--arms", "default", "conditioned", "--seeds", "3")
-    assert code == 2 and "--seeds was 2, now 3" in err
     code, _, err = study(tmp_path / "b", *args, command=(FAKE, "--exit", "2"))
     assert code == 2 and "exited 2 (a user error): fake_run: error: exiting 2" in err
-    code, _, err = study(tmp_path / "f", *args, command=(FAKE, "--exit", "1"))  # e.g. a non-finite loss: recorded
-    assert code == 0, err
+    code, printed, err = study(tmp_path / "f", *args, command=(FAKE, "--exit", "1"))  # e.g. a non-finite loss
+    assert code == 1 and "not every cell finished: 4 failed, 0 not finished" in printed, err
     rep = json.loads((tmp_path / "f" / "report.json").read_text())
     assert {c["state"] for c in rep["cells"]} == {"failed"} and rep["paired"] is None
     assert "- failed: `arms/default/seed0_lr0.003`: exit 1: fake_run: error: exiting 1" in (
@@ -218,6 +287,83 @@ def test_committed_demo_report_is_what_its_run_clm_records_give(tmp_path, study)
     # equal but for the last bits of the Student-t quantile (scipy 1.11, the floors, differs by ~1e-11)
     assert _close(json.loads((tmp_path / "demo" / "report.json").read_text()), committed)
     (row,) = committed["paired"]
-    assert (row["lr"], row["baseline_lr"], row["verdict"]["n"], row["verdict"]["verdict"]) == (9e-3, 3e-3, 3, "no")
-    assert f"| conditioned | 0.009 | default | 0.003 | {stats.fmt(row['verdict'], 4)} | 3 |" in open(
-        os.path.join(REPO, "docs", "study.md"), encoding="utf-8").read()
+    assert (row["lr"], row["baseline_lr"], row["verdict"]["n"], row["verdict"]["verdict"]) == (9e-3, 3e-3, 2, "no")
+    (biased,) = committed["paired_with_selection"]
+    doc = open(os.path.join(REPO, "docs", "study.md"), encoding="utf-8").read()
+    assert f"| conditioned | 0.009 | default | 0.003 | {stats.fmt(row['verdict'], 4)} | 2 |" in doc
+    assert f"| conditioned | 0.009 | default | 0.003 | {stats.fmt(biased['verdict'], 4)} | 3 |" in doc
+    (pw,) = committed["power"]
+    assert f"| conditioned | 2 | {pw['sd']:.4g} | {pw['detectable']:.4g} |" in doc
+
+
+def test_an_unfinished_cell_makes_the_study_exit_non_zero(tmp_path, study):
+    """A run killed by a signal is unfinished: the worker does not rerun it itself, and the study says so and exits
+    1; the next run of the same command finishes it."""
+    args = ["--arms", "default", "mimetic", "--seeds", "2", "--lr", "3e-3"]
+    code, printed, err = study(tmp_path / "s", *args, command=(FAKE, "--kill_seed", "1"))
+    assert code == 1, err
+    assert "not every cell finished: 0 failed, 2 not finished" in printed
+    md = (tmp_path / "s" / "report.md").read_text()
+    assert "- not finished: `arms/default/seed1_lr0.003`" in md and "- not finished: `arms/mimetic/seed1_lr0.003`" in md
+
+
+@pytest.mark.slow
+def test_a_dead_local_worker_is_named_and_replaced_and_its_cell_finishes(tmp_path):
+    """``kill -9`` of one of 2 workers mid-cell: the study names the worker, its signal and its cell, starts another
+    worker, the cell runs again and finishes, every other cell runs once, and the study exits 0. On the CPU each
+    worker's torch gets the cores ÷ 2 threads (``OMP_NUM_THREADS``, written by the fake run)."""
+    log, out = tmp_path / "starts.log", tmp_path / "s"
+    env = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}
+    cmd = [sys.executable, "-m", "hf_condinit.study", "--out", str(out), "--arms", "default", "mimetic", "--seeds",
+           "3", "--lr", "3e-3", "--workers", "2", "--poll_seconds", "0.2", "--", FAKE, "--sleep", "2"]
+    study = subprocess.Popen(cmd, env={**env, "FAKE_RUN_LOG": str(log), "CUDA_VISIBLE_DEVICES": ""}, cwd=HERE,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, victim = time.time() + 120, None
+    while time.time() < deadline and victim is None:
+        time.sleep(0.1)
+        for lock in (out / "claims").glob("*.lock") if (out / "claims").is_dir() else []:
+            words = lock.read_text().split()
+            if len(words) > 3 and log.exists() and lock.stem.replace("__", "/") in log.read_text().split():
+                victim = int(words[3]), lock.stem
+                break
+    assert victim is not None
+    os.kill(victim[0], signal.SIGKILL)
+    printed, _ = study.communicate(timeout=180)
+    assert study.returncode == 0, printed
+    assert f"(pid {victim[0]}) died by signal SIGKILL while running cell {victim[1]}; the cell is put back" in printed
+    starts = log.read_text().split()
+    cell = victim[1].replace("__", "/")
+    assert starts.count(cell) == 2 and len(starts) == 6 + 1 and len(set(starts)) == 6
+    rep = json.loads((out / "report.json").read_text())
+    assert {c["state"] for c in rep["cells"]} == {"finished"} and len(rep["cells"]) == 6
+    cores = len(os.sched_getaffinity(0))
+    threads = {json.loads((out / c["folder"] / "train_results.json").read_text())["threads"] for c in rep["cells"]}
+    assert threads == {str(max(1, cores // 2))}
+    assert "progress: " in printed
+
+
+def test_threads_per_worker_can_be_set(tmp_path, study, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # restored after the test: --threads sets it for the cells
+    args = ["--arms", "default", "mimetic", "--seeds", "1", "--lr", "3e-3", "--threads", "3"]
+    assert study(tmp_path / "s", *args)[0] == 0
+    assert json.loads((tmp_path / "s" / "arms" / "mimetic" / "seed0_lr0.003" / "train_results.json").read_text())[
+        "threads"] == "3"
+
+
+def test_power_of_the_paired_t_test_matches_references():
+    """:func:`stats.power` against pwr's ``pwr.t.test(n = 10, d = 1, type = "one.sample")`` (0.8030962) and the
+    textbook 34 pairs for d = 0.5 at 80 %; the detectable effect against a simulation of the test itself."""
+    import numpy as np
+    from scipy import stats as sps
+
+    assert math.isclose(stats.power(1.0, 1.0, 10), 0.8030962, abs_tol=2e-6)
+    assert stats.seeds_needed(0.5, 1.0) == 34 and stats.power(0.5, 1.0, 33) < 0.8 <= stats.power(0.5, 1.0, 34)
+    assert stats.detectable_effect(0.0, 3) == 0.0 and stats.detectable_effect(1.0, 1) is None
+    for n, sd, alpha in [(3, 0.07, 0.05), (5, 2.0, 0.025)]:
+        d = stats.detectable_effect(sd, n, alpha)
+        assert math.isclose(stats.power(d, sd, n, alpha), 0.8, abs_tol=1e-9)
+        rng = np.random.default_rng(0)
+        x = rng.normal(d, sd, size=(40000, n))
+        p = sps.ttest_1samp(x, 0.0, axis=1).pvalue
+        assert abs((p < alpha).mean() - 0.8) < 0.01  # 4 binomial sd
+        assert stats.seeds_needed(d, sd, alpha) == n

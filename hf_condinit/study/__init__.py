@@ -12,7 +12,7 @@ running it, the worker loop), :mod:`.slurm` (the array script), :mod:`.report` (
 report), :mod:`.cli` (the command line). docs/study.md walks through a study.
 """
 
-from .plan import Cell, Plan, arm_rates, slots
+from .plan import Cell, Plan, arm_rates, selection_slots, slots, verdict_slots
 from .recipes import Recipe, parse_recipe
 
-__all__ = ["Cell", "Plan", "Recipe", "arm_rates", "parse_recipe", "slots"]
+__all__ = ["Cell", "Plan", "Recipe", "arm_rates", "parse_recipe", "selection_slots", "slots", "verdict_slots"]

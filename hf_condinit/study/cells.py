@@ -16,7 +16,8 @@ Files under ``<out>`` (``key``: :attr:`hf_condinit.study.plan.Cell.key`):
 A cell whose command exits 75 (preempted: ``run_clm.py`` saved a checkpoint; docs/pretraining.md, "Faults and
 preemption") or dies by a signal is unfinished: the next worker reruns it into the same folder, and the scripts
 resume there. Exit code 2 is a user error of the command: the worker stops with that line; so does a command that
-exits 0 without leaving a finished run (no training, or no ``metric`` among its results). The command runs with
+exits 0 without leaving a finished run (no training, or no ``metric`` among its results). Before a plan is saved,
+:func:`check_command` runs the command's own argument parser on every arm's first cell. The command runs with
 the parent-death signal SIGTERM (Linux), so a worker killed outright takes its run down with it (the run saves a
 checkpoint and exits 75), and a SIGTERM / SIGINT to the worker is passed on to the run and ends the worker with
 exit 75 once the run has stopped.
@@ -30,16 +31,18 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 from ..reporting.runs import lower_is_better, read_final_metrics
-from .files import claimed, write_json
+from .files import claimed, is_claimed, write_json
 from .plan import WAIT, Cell, Plan, resolve, slots
 from .recipes import parse_recipe
 
-__all__ = ["PREEMPTED", "StudyPreempted", "cell_command", "cell_state", "failure_of", "outcome_of", "run_worker"]
+__all__ = ["PREEMPTED", "StudyPreempted", "cell_command", "cell_state", "check_command", "claimant_cell",
+           "failure_of", "outcome_of", "progress", "run_worker"]
 
 PREEMPTED = 75
 
@@ -54,10 +57,74 @@ def cell_command(plan: Plan, cell: Cell, out: str) -> list[str]:
     cmd = list(plan.command)
     if cmd[0].endswith(".py"):
         cmd.insert(0, sys.executable)
-    cmd += parse_recipe(cell.arm).flags() + ["--seed", str(cell.seed)]
+    return cmd + _cell_flags(cell, out)
+
+
+def _cell_flags(cell: Cell, out: str) -> list[str]:
+    flags = parse_recipe(cell.arm).flags() + ["--seed", str(cell.seed)]
     if cell.lr is not None:
-        cmd += ["--learning_rate", f"{cell.lr:g}"]
-    return cmd + ["--output_dir", os.path.abspath(cell.folder(out))]
+        flags += ["--learning_rate", f"{cell.lr:g}"]
+    return flags + ["--output_dir", os.path.abspath(cell.folder(out))]
+
+
+#: Run in a fresh Python by :func:`check_command`: loads the script (argv[1]) as a module, calls its ``parse(argv)``
+#: on each argv of the JSON list argv[2]; prints ``STUDY_CHECK <json>`` (per argv: the parsed ``do_train``, or None
+#: where the result has none), or the parser's error as its last line and exit 2.
+_CHECK = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("_study_command_check", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+if not callable(getattr(module, "parse", None)):
+    print("STUDY_CHECK null")
+    sys.exit(0)
+
+def do_train(parsed, depth=0):
+    if hasattr(parsed, "do_train"):
+        return bool(parsed.do_train)
+    if isinstance(parsed, (tuple, list)) and depth < 2:
+        return next((d for d in (do_train(x, depth + 1) for x in parsed) if d is not None), None)
+    return None
+
+found = []
+for argv in json.loads(sys.argv[2]):
+    try:
+        found.append(do_train(module.parse(argv)))
+    except SystemExit as e:  # argparse: its message is on stderr already
+        sys.exit(2 if e.code else 0)
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(2)
+print("STUDY_CHECK " + json.dumps(found))
+"""
+
+
+def check_command(plan: Plan, out: str) -> str | None:
+    """Check the wrapped command before anything is saved: its script (the first word ending in ``.py``, with the
+    words after it) is loaded in a fresh Python and its own ``parse(argv)`` (the example scripts' parser) runs on
+    every arm's first cell. ``ValueError`` with the parser's line when it refuses a cell, or when the parsed
+    training arguments do not train (``--do_train`` missing while another ``--do_*`` is given). Returns None, or
+    why nothing was checked (no ``.py`` script, or one without ``parse``)."""
+    at = next((i for i, w in enumerate(plan.command) if w.endswith(".py")), None)
+    if at is None:
+        return "no .py script in the command"
+    script = os.path.join(plan.workdir, plan.command[at])
+    first = slots(plan)[0][1]  # a ("cell", Cell) slot: the grid's first, or the one rate's
+    argvs = [plan.command[at + 1:] + _cell_flags(Cell(a, first.seed, first.lr), out) for a in plan.arms]
+    proc = subprocess.run([sys.executable, "-c", _CHECK, script, json.dumps(argvs)], cwd=plan.workdir,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        lines = [line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+        raise ValueError(f"the command's own parser refused it ({plan.command[at]} exited {proc.returncode}): "
+                         f"{lines[-1] if lines else '(no output)'}")
+    found = next((json.loads(line.split(" ", 1)[1]) for line in reversed(proc.stdout.splitlines())
+                  if line.startswith("STUDY_CHECK ")), None)
+    if found is None:
+        return f"{plan.command[at]} has no parse(argv) function"
+    if False in found:
+        raise ValueError("the command does not train (it has another --do_* flag but not --do_train): add "
+                         "--do_train (and --do_eval for the metric)")
+    return None
 
 
 def _path(out: str, kind: str, cell: Cell) -> str:
@@ -154,17 +221,54 @@ def failure_of(out: str, cell: Cell) -> dict:
         return json.load(f)
 
 
+def progress(plan: Plan, out: str) -> dict:
+    """Where the study stands: ``done`` (cells finished or failed), ``failed`` (of those), ``running`` (unfinished
+    cells a live process claims), ``left`` (every other slot that has or may get a cell: unfinished cells, slots
+    waiting on a rate; an upper bound while a grid extension is undecided)."""
+    outcome = outcome_of(plan, out)
+    counts = dict(done=0, failed=0, running=0, left=0)
+    for slot in slots(plan):
+        cell = resolve(plan, slot, outcome)
+        if cell is None:
+            continue
+        if cell == WAIT:
+            counts["left"] += 1
+        elif (state := cell_state(plan, cell, out)[0]) != "todo":
+            counts["done"] += 1
+            counts["failed"] += state == "failed"
+        else:
+            counts["running" if is_claimed(_path(out, "claims", cell)) else "left"] += 1
+    return counts
+
+
+def claimant_cell(out: str, pid: int) -> str | None:
+    """The key of the cell whose claim file names process ``pid`` as its claimant (a worker's cell, also after
+    the worker died: its claim file stays until the next claimant), or None."""
+    folder = os.path.join(out, "claims")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                words = f.read().split()
+        except OSError:
+            continue
+        if words[:4] == ["host", socket.gethostname(), "pid", str(pid)]:
+            return name.removesuffix(".lock")
+    return None
+
+
 def _last_line(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = [line.strip() for line in f if line.strip()]
     return lines[-1] if lines else "(no output)"
 
 
-def run_worker(plan: Plan, out: str, *, only: int | None = None, poll: float = 30.0, log=print) -> dict:
+def run_worker(plan: Plan, out: str, *, only: int | None = None, poll: float = 30.0, log=print,
+               after_cell=None) -> dict:
     """Run slots until none is left: every slot (or slot ``only``, a SLURM array task) in order, each resolved cell
     that is not finished, failed or claimed by a live process. Waits (``poll`` seconds at a time) while a slot waits
     on an arm's rate or on a cell another live worker holds; a cell it ran that is still unfinished (exit 75, killed)
-    is not run again by this worker. Returns counts: ``ran``, ``finished``, ``failed``, ``unfinished``."""
+    is not run again by this worker. ``after_cell()`` is called after each cell it ran. Returns counts: ``ran``,
+    ``finished``, ``failed``, ``unfinished``."""
     work = slots(plan)
     if only is not None:
         if not 0 <= only < len(work):
@@ -191,6 +295,8 @@ def run_worker(plan: Plan, out: str, *, only: int | None = None, poll: float = 3
                     tried.add(cell)
                     counts["ran"] += 1
                     counts["unfinished" if state == "todo" else state] += 1
+            if after_cell is not None and fd is not None:
+                after_cell()
             break  # the state changed: resolve the slots again from the first
         else:
             if not busy:

@@ -9,11 +9,19 @@ seeds then run at the chosen rate. With one ``--lr`` every cell runs at it; with
 The decision itself is :func:`choose_rate`, the one rule for a learning-rate grid in the project: the study grows a
 grid by :func:`geometric_extension`, ``benchmarks/_depth_plan.py`` along its fixed ladder by :func:`ladder_extension`.
 
-The work is a fixed list of **slots** (:func:`slots`), the same for every worker and for the SLURM array (slot i =
-array task i): the grid cells, then ``lr_extend`` rounds of one extension slot per arm, then the other seeds, seed
-by seed, every arm beside each other. A slot resolves (:func:`resolve`) to a cell, to ``None`` (nothing to do: no
-extension needed, or every rate of the arm failed) or to :data:`WAIT` (the arm's rate is not decided yet); a slot
-only ever waits on slots before it.
+The cells that choose a rate (the selection seed's, at every rate) are kept out of the verdict: the verdict pairs
+the :func:`verdict_seeds`, every seed but ``select_seed`` with a grid (every seed without one).
+
+The work is a fixed list of **slots** (:func:`slots`), the same for every worker and for the SLURM array, in two
+**phases**: :func:`selection_slots` (the grid cells, then ``lr_extend`` rounds of one extension slot per arm; empty
+without a grid) and :func:`verdict_slots` (the verdict seeds, seed by seed, every arm beside each other, at each
+arm's chosen rate). A slot resolves (:func:`resolve`) to a cell, to ``None`` (nothing to do: no extension needed,
+or every rate of the arm failed) or to :data:`WAIT` (the arm's rate is not decided yet); a slot only ever waits on
+selection slots, which all come before it.
+
+A plan **grows** (:func:`grow`): more seeds, more arms, more rates on the grid, more extensions keep every finished
+cell (its folder does not change) and add only new ones; a change that would make a finished cell mean something
+else (the command, the metric, the selection seed, the baseline, a rate or arm or seed taken away) is refused.
 """
 
 from __future__ import annotations
@@ -22,12 +30,13 @@ import dataclasses
 import json
 import math
 import os
+import time
 
 from .files import write_json
 from .recipes import parse_recipe
 
-__all__ = ["PLAN_FILE", "WAIT", "Cell", "Plan", "arm_rates", "choose_rate", "geometric_extension",
-           "ladder_extension", "resolve", "slots"]
+__all__ = ["PLAN_FILE", "WAIT", "Cell", "Plan", "arm_rates", "choose_rate", "geometric_extension", "grow",
+           "ladder_extension", "resolve", "selection_slots", "slots", "verdict_seeds", "verdict_slots"]
 
 PLAN_FILE = "study.json"
 WAIT = "wait"
@@ -58,7 +67,10 @@ class Plan:
 
     ``arms``: recipe texts, the first is the baseline every other arm is compared with; ``seeds``: seeds
     ``0 .. seeds-1``; ``lrs``: the learning-rate grid (empty: the command's own rate); ``command``: the wrapped
-    command (``run_clm.py ...``); ``workdir``: the folder it runs in (relative paths in it are read from there)."""
+    command (``run_clm.py ...``); ``workdir``: the folder it runs in (relative paths in it are read from there);
+    ``effect``: the effect the report's seeds-needed figure is for, in the metric's units or ``"<x>%"`` of the
+    baseline's mean (a reporting choice, changed freely); ``history``: how the plan grew, ``{"at": time,
+    "added": what}`` in order (:func:`grow`)."""
 
     arms: list[str]
     seeds: int
@@ -68,6 +80,8 @@ class Plan:
     metric: str = "eval_loss"
     select_seed: int = 0
     lr_extend: int = 1
+    effect: str = "1%"
+    history: list = dataclasses.field(default_factory=list)
 
     @property
     def grid(self) -> bool:
@@ -163,16 +177,84 @@ def arm_rates(plan: Plan, arm: str, outcome) -> dict:
                        geometric_extension(plan.lr_extend))
 
 
-def slots(plan: Plan) -> list[tuple]:
-    """The study's work in order (module docstring): ``("cell", Cell)``, ``("extend", arm, k)`` (k-th extension of
-    the arm's grid, from 1) or ``("seed", arm, seed)`` (at the arm's chosen rate)."""
+def verdict_seeds(plan: Plan) -> list[int]:
+    """The seeds the verdict pairs: every seed but the selection seed with a grid (its cells chose the rates, so
+    they are kept out: module docstring), every seed without one."""
+    return [s for s in range(plan.seeds) if not (plan.grid and s == plan.select_seed)]
+
+
+def selection_slots(plan: Plan) -> list[tuple]:
+    """The selection phase: ``("cell", Cell)`` for every grid rate and arm at the selection seed, then
+    ``("extend", arm, k)`` (the k-th extension of the arm's grid, from 1); empty without a grid."""
+    if not plan.grid:
+        return []
+    out: list[tuple] = [("cell", Cell(a, plan.select_seed, lr)) for lr in sorted(plan.lrs) for a in plan.arms]
+    return out + [("extend", a, k) for k in range(1, plan.lr_extend + 1) for a in plan.arms]
+
+
+def verdict_slots(plan: Plan) -> list[tuple]:
+    """The verdict phase: ``("seed", arm, seed)`` (at the arm's chosen rate) with a grid, ``("cell", Cell)`` at the
+    one rate without; seed by seed over :func:`verdict_seeds`, every arm beside each other."""
     if not plan.grid:
         lr = plan.lrs[0] if plan.lrs else None
-        return [("cell", Cell(a, s, lr)) for s in range(plan.seeds) for a in plan.arms]
-    out: list[tuple] = [("cell", Cell(a, plan.select_seed, lr)) for lr in sorted(plan.lrs) for a in plan.arms]
-    out += [("extend", a, k) for k in range(1, plan.lr_extend + 1) for a in plan.arms]
-    out += [("seed", a, s) for s in range(plan.seeds) if s != plan.select_seed for a in plan.arms]
-    return out
+        return [("cell", Cell(a, s, lr)) for s in verdict_seeds(plan) for a in plan.arms]
+    return [("seed", a, s) for s in verdict_seeds(plan) for a in plan.arms]
+
+
+def slots(plan: Plan) -> list[tuple]:
+    """The study's work in order: :func:`selection_slots`, then :func:`verdict_slots` (module docstring)."""
+    return selection_slots(plan) + verdict_slots(plan)
+
+
+def grow(saved: Plan, asked: dict, command: list[str]) -> Plan:
+    """The plan ``saved`` with the flags ``asked`` (``arms``, ``seeds``, ``lrs``, ``metric``, ``select_seed``,
+    ``lr_extend``, ``effect``; None: as saved) and ``command`` (empty: as saved). A flag that adds seeds, arms (after
+    the saved ones), rates or extensions grows the plan, noted in ``history``; a change that would invalidate a
+    finished cell raises ``ValueError`` naming it (module docstring). ``effect`` is taken as given."""
+    diff = []
+    if command and command != saved.command:
+        first = next((i for i, (a, b) in enumerate(zip(saved.command, command)) if a != b),
+                     min(len(saved.command), len(command)))
+        was, now = " ".join(saved.command[first:]) or "(nothing)", " ".join(command[first:]) or "(nothing)"
+        diff.append(f"the command differs from word {first + 1} on (was {was!r}, now {now!r})")
+    for key in ("metric", "select_seed"):
+        if asked.get(key) is not None and asked[key] != getattr(saved, key):
+            diff.append(f"--{key} was {getattr(saved, key)}, now {asked[key]}")
+    arms, seeds, lrs, extend = (asked.get(k) for k in ("arms", "seeds", "lrs", "lr_extend"))
+    if arms is not None and (arms[0] != saved.arms[0] or not set(saved.arms) <= set(arms)):
+        diff.append(f"--arms was {' '.join(saved.arms)}, now {' '.join(arms)} (a study keeps its baseline first "
+                    "and every arm it has; add arms after them)")
+    if seeds is not None and seeds < saved.seeds:
+        diff.append(f"--seeds was {saved.seeds}, now {seeds} (a study only grows)")
+    if lrs is not None and not (set(saved.lrs) <= set(lrs) and bool(saved.lrs) == bool(lrs)):
+        rates = lambda xs: " ".join(f"{x:g}" for x in xs) or "(the command's own rate)"  # noqa: E731
+        diff.append(f"--lr was {rates(saved.lrs)}, now {rates(lrs)} (a grid only grows)")
+    if extend is not None and extend < saved.lr_extend:
+        diff.append(f"--lr_extend was {saved.lr_extend}, now {extend} (a study only grows)")
+    if diff:
+        raise ValueError(f"this study was planned otherwise, and its finished cells would not fit: {'; '.join(diff)}"
+                         "; use another --out for that study")
+    plan = dataclasses.replace(saved, history=list(saved.history))
+    added = []
+    if arms is not None and arms != saved.arms:
+        new = [a for a in arms if a not in saved.arms]
+        plan.arms = saved.arms + new
+        added += [f"arm{'s' * (len(new) > 1)} {', '.join(new)}"] if new else []
+    if seeds is not None and seeds > saved.seeds:
+        plan.seeds = seeds
+        added.append(f"seeds {saved.seeds} → {seeds}")
+    if lrs is not None and set(lrs) != set(saved.lrs):
+        new = sorted(set(lrs) - set(saved.lrs))
+        plan.lrs = saved.lrs + new
+        added.append(f"rate{'s' * (len(new) > 1)} {', '.join(f'{x:g}' for x in new)}")
+    if extend is not None and extend > saved.lr_extend:
+        plan.lr_extend = extend
+        added.append(f"lr_extend {saved.lr_extend} → {extend}")
+    if asked.get("effect") is not None:
+        plan.effect = asked["effect"]
+    if added:
+        plan.history.append(dict(at=time.strftime("%Y-%m-%d %H:%M:%S%z"), added="; ".join(added)))
+    return plan
 
 
 def resolve(plan: Plan, slot: tuple, outcome):

@@ -1,11 +1,19 @@
 """A study's report from its finished cells: ``<out>/report.md``, ``<out>/report.json`` and the figures.
 
-- **Learning rate per arm**: the grid's values at the selection seed, the rate chosen, whether the grid was
-  extended and whether the best is still at its edge (then the chosen rate is a bound, not a best).
-- **Arms**: :func:`hf_condinit.compare.compare_table` of every arm's seeds at its rate (means over seeds).
+- **Plan**: how it grew (what was added, when).
+- **Learning rate per arm**: the grid's values at the selection seed (the seed and data that chose the rate), the
+  rate chosen, whether the grid was extended and whether the best is still at its edge (then the chosen rate is a
+  bound, not a best).
+- **Arms**: :func:`hf_condinit.compare.compare_table` of every arm's verdict seeds at its rate (means over seeds).
 - **Paired against the baseline** (the first arm): :func:`hf_condinit.compare.paired_rows`, the rule of
   :mod:`hf_condinit.stats` (paired Δ by seed, 95 % Student-t interval, Holm over the study's arms, steps to the
-  baseline's final value, flat-curve flag).
+  baseline's final value, flat-curve flag), on the verdict seeds (:func:`hf_condinit.study.plan.verdict_seeds`:
+  without the selection seed, whose cells chose the rates: the unbiased verdict); with a grid the same table with
+  the selection seed too, marked as optimistic.
+- **Power** of each comparison (:func:`hf_condinit.stats.detectable_effect`, :func:`hf_condinit.stats.seeds_needed`):
+  from the observed paired sd, at the Bonferroni level 0.05 / m (m: the comparisons with ≥ 2 pairs; Holm's level for
+  the smallest p), the smallest effect the current pairs detect with 80 % power, and the pairs needed for the
+  plan's ``effect``.
 - **Cells**: finished, failed (exit code and last line), not finished.
 
 ``report_eval.png``: the metric over training, every arm (mean over seeds with a ±1 std band; drawn when the runs
@@ -19,11 +27,12 @@ import json
 import math
 import os
 
+from .. import stats
 from ..compare import Arm, compare_table, format_paired, format_table, load_run, paired_rows
 from ..reporting.plots import plot_eval_curves
 from ..reporting.runs import lower_is_better
 from .cells import cell_state, failure_of, outcome_of
-from .plan import Cell, Plan, arm_rates, resolve, slots
+from .plan import Cell, Plan, arm_rates, resolve, slots, verdict_seeds
 
 __all__ = ["build_report", "write_report"]
 
@@ -46,28 +55,61 @@ def build_report(plan: Plan, out: str) -> dict:
         cells.append(dict(arm=cell.arm, seed=cell.seed, lr=cell.lr, state=state, value=value,
                           folder=os.path.relpath(cell.folder(out), out),
                           **({"failure": failure_of(out, cell)} if state == "failed" else {})))
-    arms = []
+    arms, with_selection = [], []
+    keep = set(verdict_seeds(plan))
     for a in plan.arms:
         rate = rates[a]["best"] if plan.grid else (plan.lrs[0] if plan.lrs else None)
-        arm = Arm(a, a, rate)
+        arm, every = Arm(a, a, rate), Arm(a, a, rate)
         for c in cells:
             if c["arm"] == a and c["lr"] == rate and c["state"] == "finished":
-                arm.runs[c["seed"]] = load_run(os.path.join(out, c["folder"]), name=a)
+                run = load_run(os.path.join(out, c["folder"]), name=a)
+                every.runs[c["seed"]] = run
+                if c["seed"] in keep:
+                    arm.runs[c["seed"]] = run
         arms.append(arm)
+        with_selection.append(every)
     done = [a for a in arms if a.runs]
-    base = arms[0]
     report = dict(plan=dict(arms=plan.arms, seeds=plan.seeds, lrs=plan.lrs, metric=plan.metric,
-                            select_seed=plan.select_seed, lr_extend=plan.lr_extend, command=plan.command),
+                            select_seed=plan.select_seed, lr_extend=plan.lr_extend, command=plan.command,
+                            effect=plan.effect, history=plan.history),
+                  verdict_seeds=sorted(keep),
                   rates={a: None if r is None else dict(r, values={
                       f"{lr:g}": None if v is None else "failed" if v == math.inf else sign * v
                       for lr, v in r["values"].items()}) for a, r in rates.items()},
-                  cells=cells, table=None, paired=None)
+                  cells=cells, table=None, paired=None, paired_with_selection=None, power=None)
     if done:
         report["table"] = compare_table([a.item() for a in done], plan.metric)
-    if base.runs and len(done) > 1:
-        report["paired"] = paired_rows([(a, base) for a in done if a is not base], plan.metric)
+    report["paired"] = _paired(arms, plan.metric)
+    if plan.grid:
+        report["paired_with_selection"] = _paired(with_selection, plan.metric)
+    if report["paired"]:
+        report["power"] = [_power(row, plan) for row in report["paired"]]
     report["_arms"] = done
     return report
+
+
+def _paired(arms: list[Arm], metric: str) -> list[dict] | None:
+    """:func:`hf_condinit.compare.paired_rows` of every arm with runs against the baseline (``arms[0]``)."""
+    base, done = arms[0], [a for a in arms if a.runs]
+    if not base.runs or len(done) < 2:
+        return None
+    return paired_rows([(a, base) for a in done if a is not base], metric)
+
+
+def _power(row: dict, plan: Plan) -> dict:
+    """The power of one paired comparison (module docstring): ``n``, ``sd``, ``alpha``, ``detectable`` (smallest
+    effect detected with 80 % power at n), ``effect`` (the plan's, in the metric's units), ``pairs_needed`` and
+    ``seeds_needed`` (the ``--seeds`` giving that many pairs: one more with a grid, for the selection seed)."""
+    v = row["verdict"]
+    text = plan.effect
+    effect = (float(text[:-1]) / 100 * abs(row["target"]) if text.endswith("%") and row["target"] is not None
+              else None if text.endswith("%") else float(text))
+    alpha = stats.ALPHA / max(1, v["family_size"])
+    pairs = stats.seeds_needed(effect, v["sd"], alpha) if effect and v["sd"] is not None else None
+    return dict(arm=row["arm"], n=v["n"], sd=v["sd"], alpha=alpha, power=stats.POWER,
+                detectable=stats.detectable_effect(v["sd"], v["n"], alpha) if v["sd"] is not None else None,
+                effect=effect, effect_asked=text, pairs_needed=pairs,
+                seeds_needed=None if pairs is None else pairs + (1 if plan.grid else 0))
 
 
 def _rates_md(plan: Plan, report: dict) -> list[str]:
@@ -76,7 +118,8 @@ def _rates_md(plan: Plan, report: dict) -> list[str]:
         return [f"Every arm at learning rate {rate} (no grid)."]
     lines = [f"Each arm's rate: the best final {plan.metric} at seed {plan.select_seed} on the grid "
              f"{', '.join(f'{x:g}' for x in sorted(plan.lrs))} (extended by one step past an edge, at most "
-             f"{plan.lr_extend} time(s)).", "",
+             f"{plan.lr_extend} time(s)), measured on the command's evaluation data. Seed {plan.select_seed}'s "
+             "cells chose the rates, so they are kept out of the verdict below.", "",
              "| arm | " + f"{plan.metric} at seed {plan.select_seed} by learning rate | chosen | note |",
              "|---|---|---:|---|"]
     for a, r in report["rates"].items():
@@ -91,20 +134,56 @@ def _rates_md(plan: Plan, report: dict) -> list[str]:
     return lines
 
 
+def _seeds(seeds: list[int]) -> str:
+    return ", ".join(map(str, seeds)) if seeds else "none"
+
+
+def _power_md(plan: Plan, report: dict) -> list[str]:
+    lines = [f"| arm | n pairs | paired sd | detectable at {stats.POWER:.0%} power | effect asked | pairs needed | "
+             "--seeds for it |", "|---|---:|---:|---:|---:|---:|---:|"]
+    num = lambda x: "—" if x is None else f"{x:.4g}"  # noqa: E731
+    for p in report["power"]:
+        effect = "—" if p["effect"] is None else (f"{p['effect']:.4g} ({p['effect_asked']} of the baseline)"
+                                                  if p["effect_asked"].endswith("%") else f"{p['effect']:.4g}")
+        lines.append(f"| {p['arm']} | {p['n']} | {num(p['sd'])} | {num(p['detectable'])} | {effect} | "
+                     f"{'—' if p['pairs_needed'] is None else p['pairs_needed']} | "
+                     f"{'—' if p['seeds_needed'] is None else p['seeds_needed']} |")
+    alpha = report["power"][0]["alpha"]
+    lines += ["", f"Power of the paired t-test above ({stats.SOURCE}.detectable_effect, seeds_needed: noncentral t) at "
+              f"level {alpha:.3g} (0.05 over the {round(stats.ALPHA / alpha)} comparison(s), Holm's level for the "
+              f"smallest p), from each row's observed paired sd: *detectable* is the smallest true mean difference "
+              f"the current pairs find with {stats.POWER:.0%} probability; *pairs needed*, how many pairs find the "
+              f"effect asked (--effect) as often" + (f"; *--seeds* adds the selection seed {plan.select_seed}."
+                                                      if plan.grid else "."), ""]
+    return lines
+
+
 def _markdown(plan: Plan, out: str, report: dict) -> str:
     cells = report["cells"]
     n_done = sum(c["state"] == "finished" for c in cells)
+    seeds = _seeds(report["verdict_seeds"])
     lines = [f"# Study {os.path.basename(os.path.abspath(out))}", "",
              f"Command: `{' '.join(plan.command)}`; arms {', '.join(plan.arms)} (baseline: {plan.arms[0]}); seeds "
-             f"0-{plan.seeds - 1}; metric {plan.metric}. Cells finished: {n_done} of {len(cells)} planned so far.", "",
-             "## Learning rate per arm", "", *_rates_md(plan, report), ""]
+             f"0-{plan.seeds - 1}; metric {plan.metric}. Cells finished: {n_done} of {len(cells)} planned so far.", ""]
+    if plan.history:
+        lines += ["## Plan grown", "", *[f"- {h['at']}: {h['added']}" for h in plan.history], ""]
+    lines += ["## Learning rate per arm", "", *_rates_md(plan, report), ""]
     if report["table"]:
-        lines += ["## Arms", "", format_table(report["table"])]
+        lines += ["## Arms", "", f"Seeds {seeds} (the verdict's).", "", format_table(report["table"])]
     if report["paired"]:
-        lines += [f"## Paired against {plan.arms[0]}", "", format_paired(report["paired"])]
+        lines += [f"## Paired against {plan.arms[0]}", "",
+                  f"Seeds {seeds}" + (f": the selection seed {plan.select_seed} left out, so no cell that chose a "
+                                      "rate is in it (the unbiased verdict)." if plan.grid else "."), "",
+                  format_paired(report["paired"]), "### Power", "", *_power_md(plan, report)]
     else:
-        lines += ["## Paired against the baseline", "", "No pairs yet: the baseline and another arm need finished "
-                  "seeds at their rates.", ""]
+        lines += ["## Paired against the baseline", "", f"No pairs yet: the baseline and another arm need finished "
+                  f"seeds at their rates (the verdict's seeds: {seeds}).", ""]
+    if report["paired_with_selection"]:
+        lines += [f"## With the selection seed {plan.select_seed} too (optimistic)", "",
+                  f"The same comparison with seed {plan.select_seed} in: its cells chose each arm's rate on the same "
+                  "evaluation data, so each arm's own best draw is in this table and its verdict leans towards "
+                  "the arm whose grid fit that seed best. For reference only; the verdict is the table above.", "",
+                  format_paired(report["paired_with_selection"])]
     failed = [c for c in cells if c["state"] == "failed"]
     todo = [c for c in cells if c["state"] == "todo"]
     lines += ["## Cells", ""]
