@@ -194,6 +194,19 @@ def test_user_errors_are_one_line_and_exit_2_and_leave_no_folder(tmp_path, study
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
+def test_run_clm_parser_checks_the_command_before_the_plan_is_saved(tmp_path):
+    """run_clm.py's own parser (a fresh Python importing transformers: seconds) sees a command that evaluates but
+    does not train; nothing is written."""
+    cmd = [sys.executable, "-m", "hf_condinit.study", "--out", str(tmp_path / "s"), "--arms", "default",
+           "conditioned", "--", "run_clm.py", "--do_eval", "--max_steps", "2"]
+    proc = subprocess.run(cmd, env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "hf-condinit-study: error: the command does not train (it has another --do_* flag but not --do_train): add "
+        "--do_train (and --do_eval for the metric)"]
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_metric_the_command_does_not_write_stops_the_study(tmp_path, study):
     code, _, err = study(tmp_path / "s", "--arms", "default", "mimetic", "--metric", "eval_bleu")
     assert code == 2 and "is --metric one of its eval results" in err and len(err.strip().splitlines()) == 1

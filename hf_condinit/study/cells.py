@@ -73,7 +73,7 @@ def _cell_flags(cell: Cell, out: str) -> list[str]:
 _CHECK = r"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("_study_command_check", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
+module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up there
 spec.loader.exec_module(module)
 if not callable(getattr(module, "parse", None)):
     print("STUDY_CHECK null")
@@ -92,8 +92,8 @@ for argv in json.loads(sys.argv[2]):
         found.append(do_train(module.parse(argv)))
     except SystemExit as e:  # argparse: its message is on stderr already
         sys.exit(2 if e.code else 0)
-    except Exception as e:
-        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    except Exception as e:  # a ValueError is the scripts' user error (UsageError): its message says it all
+        print(str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)
 print("STUDY_CHECK " + json.dumps(found))
 """
