@@ -328,7 +328,8 @@ def test_a_dead_local_worker_is_named_and_replaced_and_its_cell_finishes(tmp_pat
     log, out = tmp_path / "starts.log", tmp_path / "s"
     env = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}
     cmd = [sys.executable, "-m", "hf_condinit.study", "--out", str(out), "--arms", "default", "mimetic", "--seeds",
-           "3", "--lr", "3e-3", "--workers", "2", "--poll_seconds", "0.2", "--", FAKE, "--sleep", "2"]
+           "3", "--lr", "3e-3", "--workers", "2", "--poll_seconds", "0.2", "--progress_seconds", "1", "--", FAKE,
+           "--sleep", "2"]
     study = subprocess.Popen(cmd, env={**env, "FAKE_RUN_LOG": str(log), "CUDA_VISIBLE_DEVICES": ""}, cwd=HERE,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline, victim = time.time() + 120, None

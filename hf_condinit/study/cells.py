@@ -41,7 +41,7 @@ from .files import claimed, is_claimed, write_json
 from .plan import WAIT, Cell, Plan, resolve, slots
 from .recipes import parse_recipe
 
-__all__ = ["PREEMPTED", "StudyPreempted", "cell_command", "cell_state", "check_command", "claimant_cell",
+__all__ = ["PREEMPTED", "StudyPreempted", "cell_command", "cell_state", "check_command", "claimants",
            "failure_of", "outcome_of", "progress", "run_worker"]
 
 PREEMPTED = 75
@@ -241,19 +241,19 @@ def progress(plan: Plan, out: str) -> dict:
     return counts
 
 
-def claimant_cell(out: str, pid: int) -> str | None:
-    """The key of the cell whose claim file names process ``pid`` as its claimant (a worker's cell, also after
-    the worker died: its claim file stays until the next claimant), or None."""
-    folder = os.path.join(out, "claims")
+def claimants(out: str) -> dict[int, str]:
+    """PID -> cell key of every claim file under ``out`` that names a process of this host as its claimant (a
+    worker's cell; the file stays after its worker died, until the next claimant writes its own name)."""
+    folder, host, found = os.path.join(out, "claims"), socket.gethostname(), {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 words = f.read().split()
         except OSError:
             continue
-        if words[:4] == ["host", socket.gethostname(), "pid", str(pid)]:
-            return name.removesuffix(".lock")
-    return None
+        if words[:3] == ["host", host, "pid"] and len(words) > 3 and words[3].isdigit():
+            found[int(words[3])] = name.removesuffix(".lock")
+    return found
 
 
 def _last_line(path: str) -> str:
@@ -295,7 +295,7 @@ def run_worker(plan: Plan, out: str, *, only: int | None = None, poll: float = 3
                     tried.add(cell)
                     counts["ran"] += 1
                     counts["unfinished" if state == "todo" else state] += 1
-            if after_cell is not None and fd is not None:
+            if after_cell is not None:
                 after_cell()
             break  # the state changed: resolve the slots again from the first
         else:

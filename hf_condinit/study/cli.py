@@ -10,11 +10,14 @@
 
 ``COMMAND`` is anything that takes ``--init``, ``--attention``, ``--seed``, ``--learning_rate`` and ``--output_dir``
 (the example scripts: a first word ending in ``.py`` runs with this Python); the study adds those flags per cell, so
-the command must not set them (``--learning_rate`` only without ``--lr``), nor an option an arm's recipe sets. The
-first run of a folder writes its plan; a later command on the folder may repeat the plan's flags or leave them out,
-but a changed one is refused. ``--workers N`` runs N worker processes (GPU i mod the visible count each when GPUs are
-visible); a user error of the study or of the command is one line and exit 2; a SIGTERM / SIGINT stops the running
-cells (they save a checkpoint) and exits 75.
+the command must not set them (``--learning_rate`` only without ``--lr``), nor an option an arm's recipe sets, nor a
+flag of the study itself. The first run of a folder checks the command (its script's own parser, ``--do_train``)
+and writes its plan; a later command on the folder may repeat the plan's flags, leave them out, or grow the plan
+(more ``--seeds``, ``--arms``, ``--lr`` rates, ``--lr_extend``: only the new cells run), while a change that would
+invalidate finished cells is refused. ``--workers N`` runs N worker processes (GPU i mod the visible count each when
+GPUs are visible, else cores ÷ N torch threads each), replaces one that dies and prints progress lines; a user error
+of the study or of the command is one line and exit 2; a SIGTERM / SIGINT stops the running cells (they save a
+checkpoint) and exits 75; a study that ends with a failed or unfinished cell exits 1.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sys
 import time
 
 from ..scripts.errors import UsageError, run_main
-from .cells import PREEMPTED, StudyPreempted, check_command, claimant_cell, progress, run_worker
+from .cells import PREEMPTED, StudyPreempted, check_command, claimants, progress, run_worker
 from .plan import Plan, grow, slots
 from .recipes import parse_recipe
 
@@ -211,7 +214,7 @@ def _run_workers(args, plan: Plan, log) -> int:
                 p.send_signal(signal.SIGTERM)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    codes, replaced = [], 0
+    codes, replaced, held = [], 0, {}
     t0, first = time.monotonic(), progress(plan, args.out)
     shown, last_shown = first, t0
     try:
@@ -219,6 +222,8 @@ def _run_workers(args, plan: Plan, log) -> int:
             start(i)
         while procs:
             time.sleep(min(1.0, args.poll_seconds))
+            seen = held  # the cells the workers held a moment ago: another worker may take a dead one's cell now
+            held = claimants(args.out)
             for i, p in list(procs.items()):
                 rc = p.poll()
                 if rc is None:
@@ -228,7 +233,7 @@ def _run_workers(args, plan: Plan, log) -> int:
                 if rc in (0, 2) or stopping:
                     continue
                 how = f"by signal {signal.Signals(-rc).name}" if rc < 0 else f"with exit code {rc}"
-                cell = claimant_cell(args.out, p.pid)
+                cell = held.get(p.pid) or seen.get(p.pid)
                 where = f" while running cell {cell}; the cell is put back" if cell else ""
                 if replaced < REPLACEMENTS_PER_WORKER * args.workers:
                     replaced += 1
