@@ -207,6 +207,12 @@ def test_run_clm_parser_checks_the_command_before_the_plan_is_saved(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+def test_skip_check_saves_a_plan_the_parser_here_refuses(tmp_path, study):
+    code, _, err = study(tmp_path / "s", "--arms", "default", "mimetic", "--skip_check", "--slurm",
+                         command=(FAKE, "--sleep", "soon"))
+    assert code == 0 and json.loads((tmp_path / "s" / "study.json").read_text())["command"][-1] == "soon"
+
+
 def test_a_metric_the_command_does_not_write_stops_the_study(tmp_path, study):
     code, _, err = study(tmp_path / "s", "--arms", "default", "mimetic", "--metric", "eval_bleu")
     assert code == 2 and "is --metric one of its eval results" in err and len(err.strip().splitlines()) == 1

@@ -116,7 +116,8 @@ def check_command(plan: Plan, out: str) -> str | None:
     if proc.returncode != 0:
         lines = [line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
         raise ValueError(f"the command's own parser refused it ({plan.command[at]} exited {proc.returncode}): "
-                         f"{lines[-1] if lines else '(no output)'}")
+                         f"{lines[-1] if lines else '(no output)'} (nothing saved; when the cells run on another "
+                         "machine, e.g. with a GPU this one lacks, --skip_check saves the plan unchecked)")
     found = next((json.loads(line.split(" ", 1)[1]) for line in reversed(proc.stdout.splitlines())
                   if line.startswith("STUDY_CHECK ")), None)
     if found is None:

@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                         "finished (default 30; 0: none)")
     p.add_argument("--child_worker", action="store_true", help=argparse.SUPPRESS)  # a worker of --workers N
     p.add_argument("--no_report", action="store_true", help="run cells only; no report at the end")
+    p.add_argument("--skip_check", action="store_true",
+                   help="save a new or grown plan without running the command's parser on it first (e.g. a GPU "
+                        "command planned on a machine without that GPU)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--report", action="store_true", help="write the report from the finished cells; run nothing")
     mode.add_argument("--slurm", action="store_true", help="print the SLURM array script; run nothing")
@@ -159,7 +162,7 @@ def _plan(args, command: list[str], log) -> Plan:
             _check_arms(plan.arms, plan.command, plan.grid or bool(plan.lrs))
         if plan == saved:
             return saved
-    if saved is None or plan.arms != saved.arms:
+    if (saved is None or plan.arms != saved.arms) and not args.skip_check:
         skipped = check_command(plan, args.out)
         if skipped:
             log(f"the command's flags are not checked before the first cell: {skipped}")
