@@ -5,7 +5,8 @@ Its final eval_loss is known: ``3 + (log10(lr) - log10(best)) ** 2 + 0.01 * seed
 ``offset`` 0 for default init, ``best`` 1e-2 and ``offset`` -0.05 for the others (+0.001 × seed more for
 conditioned, so its seeds differ from default's by a spread). ``$FAKE_RUN_LOG``: every start is appended there.
 Like the example scripts it has ``parse(argv)`` (what the study checks before saving a plan), ``--do_train`` /
-``--do_eval`` (neither: both) and writes ``OMP_NUM_THREADS`` into ``train_results.json`` (``threads``)."""
+``--do_eval`` (neither: both), takes ``$FAKE_RUN_SLEEP`` as the default of ``--sleep`` (so a study's command, and so
+its report, stays the same) and writes ``OMP_NUM_THREADS`` into ``train_results.json`` (``threads``)."""
 
 import argparse
 import json
@@ -22,7 +23,7 @@ def parse(argv=None):
         p.add_argument(flag)
     p.add_argument("--seed", type=int)
     p.add_argument("--learning_rate", type=float, default=1e-3)
-    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--sleep", type=float, default=float(os.environ.get("FAKE_RUN_SLEEP", 0)))
     p.add_argument("--exit", type=int, default=0, help="exit with this code at once (a failing command)")
     p.add_argument("--kill_seed", type=int, help="the run of this seed kills itself (SIGKILL) at once")
     p.add_argument("--do_train", action="store_true")

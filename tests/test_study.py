@@ -1,7 +1,7 @@
 """``python -m hf_condinit.study`` plans arms × seeds × each arm's rate, runs the cells (claimed, resumable; dead
-workers named and replaced), grows a plan without redoing finished cells, prints a SLURM array script that gives the
-same report, reports a verdict without the cells that chose the rates and its power, and refuses what it cannot do
-in one line before anything is saved.
+workers named and replaced), grows a plan without redoing finished cells, reports a verdict without the cells that
+chose the rates and its power, and refuses what it cannot do in one line before anything is saved (SLURM:
+tests/test_study_slurm.py).
 
 The cells run ``tests/study_fake_run.py`` (a stand-in for run_clm.py whose final loss is known: default is best at
 3e-3, the other arms at 1e-2 and 0.05 lower); ``test_real_run_clm_study`` runs run_clm.py itself."""
@@ -9,7 +9,6 @@ The cells run ``tests/study_fake_run.py`` (a stand-in for run_clm.py whose final
 import json
 import math
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -142,32 +141,6 @@ def test_a_killed_worker_is_restarted_without_redoing_finished_cells(tmp_path, s
     starts = log.read_text().split()
     assert starts[:2] == first and starts.count(first[0]) == 1  # finished: not redone
     assert starts.count(first[1]) == 2 and len(set(starts)) == 4  # killed mid-run: run again; the rest once each
-
-
-def test_slurm_array_tasks_give_the_same_report(tmp_path, study):
-    """The printed script, run once per SLURM_ARRAY_TASK_ID, gives the report of a local run of the same plan. Tasks
-    0 and 1 run the script itself with bash, at once as SLURM starts them; tasks 2 and 3 run its command line in this
-    process (each Python start costs seconds of torch imports)."""
-    args = ["--arms", "default", "conditioned:v_gain=0.5", "--seeds", "2", "--lr", "1e-2"]
-    assert study(tmp_path / "local", *args)[0] == 0
-    code, script, _ = study(tmp_path / "array", *args, "--slurm", "--slurm_option=--gpus-per-task=1")
-    assert code == 0 and "#SBATCH --array=0-3\n" in script and "#SBATCH --gpus-per-task=1\n" in script
-    (tmp_path / "study.sbatch").write_text(script)
-    tasks = [subprocess.Popen(["bash", str(tmp_path / "study.sbatch")], env={**ENV, "SLURM_ARRAY_TASK_ID": str(i)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    for t in tasks:
-        assert t.wait(timeout=120) == 0, t.stderr.read()
-    exec_line = shlex.split(script.strip().splitlines()[-1])
-    assert exec_line[:4] == ["exec", sys.executable, "-m", "hf_condinit.study"]
-    assert exec_line[-2:] == ["--slot", "$SLURM_ARRAY_TASK_ID"]
-    for i in (2, 3):
-        argv = [a.replace("$SLURM_ARRAY_TASK_ID", str(i)) for a in exec_line[4:]]
-        assert study(argv[1], *argv[2:], command=None)[0] == 0  # argv: --out OUT --poll_seconds P --slot i
-    assert not (tmp_path / "array" / "report.json").exists()  # a task runs its cell only
-    assert study(tmp_path / "array", "--report", command=None)[0] == 0
-    reports = [json.loads((tmp_path / d / "report.json").read_text()) for d in ("local", "array")]
-    assert reports[0] == reports[1] and reports[0]["paired"][0]["verdict"]["verdict"] == "better"
-    assert len(reports[0]["cells"]) == 4 and {c["state"] for c in reports[0]["cells"]} == {"finished"}
 
 
 @pytest.mark.parametrize("args, command, message", [

@@ -4,11 +4,11 @@ rate, every cell an ordinary run folder of the wrapped command, the paired verdi
     python -m hf_condinit.study --arms default conditioned --seeds 3 --lr 1e-3 3e-3 --out STUDY \\
         -- run_clm.py --model_config gpt2-tiny --max_steps 200
     python -m hf_condinit.study --out STUDY --report               # report.md / report.json from finished cells
-    python -m hf_condinit.study --out STUDY --slurm > study.sbatch   # one SLURM array task per slot, same plan
+    python -m hf_condinit.study --out STUDY --submit                 # the same plan as SLURM job arrays
 
 Modules: :mod:`.recipes` (arms as recipes), :mod:`.plan` (``study.json``, cells, slots, the learning-rate grid),
 :mod:`.files` (claims and atomic JSON writes, shared with the benchmark harness), :mod:`.cells` (a cell's state,
-running it, the worker loop), :mod:`.slurm` (the array script), :mod:`.report` (the
+running it, the worker loop), :mod:`.slurm` (the SLURM jobs), :mod:`.report` (the
 report), :mod:`.cli` (the command line). docs/study.md walks through a study.
 """
 

@@ -6,7 +6,8 @@
                       [--workers N] -- COMMAND ...        # plan (study.json) and run every cell, then the report
     hf-condinit-study --out STUDY                         # go on with the saved plan (a restart)
     hf-condinit-study --out STUDY --report                # report.md / report.json / figures from finished cells
-    hf-condinit-study --out STUDY --slurm [--slurm_option=--gpus-per-task=1 ...] > study.sbatch
+    hf-condinit-study --out STUDY --submit [--slurm_option=--gpus-per-task=1 ...]   # the study as SLURM jobs
+    hf-condinit-study --out STUDY --slurm [--slurm_option=...] > submit.sh         # the same, as a script to bash
 
 ``COMMAND`` is anything that takes ``--init``, ``--attention``, ``--seed``, ``--learning_rate`` and ``--output_dir``
 (the example scripts: a first word ending in ``.py`` runs with this Python); the study adds those flags per cell, so
@@ -75,10 +76,13 @@ def _parser() -> argparse.ArgumentParser:
                         "command planned on a machine without that GPU)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--report", action="store_true", help="write the report from the finished cells; run nothing")
-    mode.add_argument("--slurm", action="store_true", help="print the SLURM array script; run nothing")
-    mode.add_argument("--slot", type=int, help="run slot K only (what the SLURM array's task K runs)")
+    mode.add_argument("--submit", action="store_true", help="submit the study to SLURM (sbatch: one job array per "
+                                                            "round, then the report) and print the job ids")
+    mode.add_argument("--slurm", action="store_true", help="print a bash script that submits what --submit does")
+    mode.add_argument("--slot", type=int, help="run slot K only (what a SLURM array's task K runs)")
     p.add_argument("--slurm_option", action="append", default=[],
-                   help="an extra #SBATCH option for --slurm, e.g. --slurm_option=--gpus-per-task=1 (repeatable)")
+                   help="an extra sbatch option for --submit / --slurm, e.g. --slurm_option=--gpus-per-task=1 "
+                        "(repeatable)")
     return p
 
 
@@ -298,10 +302,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers < 1 or (args.threads is not None and args.threads < 1):
             raise ValueError(f"--workers {args.workers} and --threads {args.threads}: each must be ≥ 1")
         plan = _plan(args, command, log)
-        if args.slurm:
-            from .slurm import sbatch_script
+        if args.slurm or args.submit or args.slot is not None:
+            from . import slurm
 
-            sys.stdout.write(sbatch_script(plan, args.out, args.slurm_option, args.poll_seconds))
+            if args.slurm:
+                sys.stdout.write(slurm.submit_script(plan, args.out, args.slurm_option))
+                return 0
+            if args.slot is not None:
+                return slurm.run_task(plan, args.out, args.slot, log)
+            if not slurm.submit(plan, args.out, args.slurm_option, log):
+                log(f"nothing left to run in {args.out}")
             return 0
         if not args.report:
             if args.workers > 1:
@@ -314,10 +324,10 @@ def main(argv: list[str] | None = None) -> int:
                 t0, first = time.monotonic(), progress(plan, args.out)
                 show = (lambda: log(_progress_line(progress(plan, args.out), first["done"], time.monotonic() - t0))
                         ) if args.progress_seconds > 0 and not args.child_worker else None
-                counts = run_worker(plan, args.out, only=args.slot, poll=args.poll_seconds, log=log, after_cell=show)
+                counts = run_worker(plan, args.out, poll=args.poll_seconds, log=log, after_cell=show)
                 log(f"{counts['ran']} cell(s) run: {counts['finished']} finished, {counts['failed']} failed, "
                     f"{counts['unfinished']} not finished; {len(slots(plan))} slots in the plan")
-        if args.report or not (args.no_report or args.slot is not None):
+        if args.report or not args.no_report:
             from .report import write_report
 
             report = write_report(plan, args.out)

@@ -36,7 +36,7 @@ from .files import write_json
 from .recipes import parse_recipe
 
 __all__ = ["PLAN_FILE", "WAIT", "Cell", "Plan", "arm_rates", "choose_rate", "geometric_extension", "grow",
-           "ladder_extension", "resolve", "selection_slots", "slots", "verdict_seeds", "verdict_slots"]
+           "ladder_extension", "resolve", "rounds", "selection_slots", "slots", "verdict_seeds", "verdict_slots"]
 
 PLAN_FILE = "study.json"
 WAIT = "wait"
@@ -255,6 +255,16 @@ def grow(saved: Plan, asked: dict, command: list[str]) -> Plan:
     if added:
         plan.history.append(dict(at=time.strftime("%Y-%m-%d %H:%M:%S%z"), added="; ".join(added)))
     return plan
+
+
+def rounds(plan: Plan) -> list[list[int]]:
+    """The slots' indices (into :func:`slots`) by round: a slot resolves to a cell or None, never :data:`WAIT`,
+    once every slot of the rounds before its own is finished (or failed). The selection round (the grid's cells),
+    one round per possible extension of the grid, then the verdict round (the other seeds); without a grid, one
+    round. Empty rounds are left out."""
+    last = plan.lr_extend + 1
+    order = [0 if s[0] == "cell" else s[2] if s[0] == "extend" else last for s in slots(plan)]
+    return [idx for r in range(last + 1) if (idx := [i for i, o in enumerate(order) if o == r])]
 
 
 def resolve(plan: Plan, slot: tuple, outcome):
