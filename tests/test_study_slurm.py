@@ -10,6 +10,7 @@ The cells run ``tests/study_fake_run.py``."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 
@@ -103,6 +104,7 @@ def cluster():
         pytest.skip(f"no test SLURM cluster: {e}")
     yield c
     c.stop()
+    shutil.rmtree(c.root, ignore_errors=True)
 
 
 def _slurm(cluster, *cmd) -> str:
