@@ -16,7 +16,14 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CondInitConfig", "resolve_condinit", "INIT_METHODS", "INIT_METHOD_ALIASES", "check_options_apply"]
+__all__ = [
+    "CondInitConfig",
+    "resolve_condinit",
+    "INIT_METHODS",
+    "INIT_METHOD_ALIASES",
+    "check_options_apply",
+    "option_readers",
+]
 
 INIT_METHODS = ("default", "mimetic", "conditioned")
 #: Other spellings of a method, accepted wherever a method name is (the papers' figure legends say "orthogonal").
@@ -150,16 +157,20 @@ def _check_choice(name: str, value: Any, accepted: tuple[str, ...], aliases: dic
         raise ValueError(f"Unknown condinit {name} {value!r}; accepted: {', '.join(map(repr, accepted))}{also}.")
 
 
-#: Options read by one method, attention implementation or spectral conditioning only: (what, who).
-_OPTION_READERS = {
+#: Options read by one init method only: (what, who); `option_readers` adds the variants' and spectral conditioning's.
+_METHOD_READERS = {
     **{name: ("method", "conditioned") for name in ("value_init", "qk_gain", "v_gain")},
     **{f"mimetic_{n}": ("method", "mimetic") for n in ("alpha1", "beta1", "alpha2", "beta2", "vo_sign", "dist")},
-    "affine_rho": ("attention", "affine_scaled"),
-    "affine_bias_length": ("attention", "affine_scaled"),
-    "precond_eps": ("attention", "preconditioned"),
-    "precond_scale": ("attention", "preconditioned"),
-    "spectral_mode": ("spectral_lambda", None),
 }
+
+
+def option_readers() -> dict[str, tuple[str, str | None]]:
+    """The options read by one method, one attention variant or spectral conditioning only: name → (what, who),
+    e.g. ``"affine_rho": ("attention", "affine_scaled")``, the variants' from `hf_condinit.attention.catalog`."""
+    from .attention.catalog import VARIANTS  # the variants import the core, not the other way round at import time
+
+    variants = {name: ("attention", v.name) for v in VARIANTS for name in v.options}
+    return {**_METHOD_READERS, **variants, "spectral_mode": ("spectral_lambda", None)}
 
 
 def check_options_apply(options: dict[str, Any], attention: str | None = None) -> None:
@@ -172,7 +183,7 @@ def check_options_apply(options: dict[str, Any], attention: str | None = None) -
     method = INIT_METHOD_ALIASES.get(options.get("method", "conditioned"), options.get("method", "conditioned"))
     defaults = {f.name: f.default for f in dataclasses.fields(CondInitConfig)}
     problems = []
-    for name, (what, reader) in _OPTION_READERS.items():
+    for name, (what, reader) in option_readers().items():
         if name not in options or options[name] == defaults[name]:
             continue
         if what == "method" and method != reader:

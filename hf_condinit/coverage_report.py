@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
+from .attention.catalog import VARIANTS as ATTENTION_CATALOG
+
 INITS = ("conditioned", "mimetic")
-VARIANTS = ("affine_scaled", "attention_sink", "preconditioned", "spectral")
+#: the table's variant columns: every attention variant, then spectral conditioning
+VARIANTS = (*(variant.name for variant in ATTENTION_CATALOG), "spectral")
 
 __all__ = ["Row", "to_markdown"]
 

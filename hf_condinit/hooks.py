@@ -54,6 +54,8 @@ from typing import Any
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from . import api
+from .attention.catalog import VARIANTS
+from .attention.spectral_holder import SPECTRAL_OPTIONS
 from .config import CondInitConfig, check_options_apply, resolve_condinit
 from .layouts import get_layout
 from .layouts.detect import base_model_class
@@ -73,10 +75,9 @@ _HOOKED = {
     "get_config_dict": PreTrainedConfig,
     "save_pretrained": PreTrainedModel,
 }
-#: condinit options that change what a trained checkpoint computes: `from_pretrained` keeps the checkpoint's.
-FORWARD_OPTIONS = (
-    "spectral_lambda", "spectral_mode", "affine_rho", "affine_bias_length", "precond_eps", "precond_scale"
-)
+#: condinit options that change what a trained checkpoint computes (spectral conditioning's and every attention
+#: variant's): `from_pretrained` keeps the checkpoint's.
+FORWARD_OPTIONS = (*SPECTRAL_OPTIONS, *(name for variant in VARIANTS for name in variant.options))
 
 
 def is_installed() -> bool:

@@ -1,4 +1,4 @@
-"""Attention sink from the fused kernel's own log-sum-exp (`hf_condinit.attention.attention_sink.SinkAttention`).
+"""Attention sink from the fused kernel's own log-sum-exp (`hf_condinit.attention.attention_sink.fast.SinkAttention`).
 
 out = σ(lse − s)·O with O, lse from one kernel call over the real keys, and a hand-written backward (the kernel's
 own backward with the sink's log-normaliser, plus ∂L/∂s). Checked against autograd of the naive formula in float64
@@ -22,8 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401
-from hf_condinit.attention import attention_sink as sink_module
-from hf_condinit.attention.attention_sink import (
+from hf_condinit.attention.attention_sink import fast as sink_module
+from hf_condinit.attention.attention_sink.fast import (
     SinkAttention,
     _additive_mask,
     lse_kernel,

@@ -3,7 +3,8 @@
 Families: GPT-2 (causal, fused Conv1D), BERT (bidirectional, padding), Llama (GQA 4 query / 2 KV heads, rotary).
 Every comparison switches the *same* model between the fast path and the reference
 (``model.config._attn_implementation``), with non-trivial holder values (random W_a, α_ma, sink logits), left and
-right padding, and gradients of every parameter. The references live in `hf_condinit.attention.reference`.
+right padding, and gradients of every parameter. The references live in each variant's folder
+(``hf_condinit/attention/<variant>/reference.py``), collected in `hf_condinit.attention.reference`.
 """
 
 from __future__ import annotations
@@ -102,6 +103,57 @@ def test_register_refuses_foreign_function():
             attention.register_all()
     finally:
         AttentionInterface._global_mapping["affine_scaled"] = original
+
+
+def test_every_table_follows_the_one_registration():
+    """`hf_condinit.attention.catalog.VARIANTS` is the one list: HF's registries, ``ATTENTION_VARIANTS``, the
+    references, the options' readers, the forward options kept on reload and the holders all come from it, and each
+    variant's option defaults are `CondInitConfig`'s."""
+    import dataclasses
+
+    from hf_condinit.attention.catalog import VARIANTS as CATALOG
+    from hf_condinit.attention.reference import REFERENCES
+    from hf_condinit.attention.spectral_holder import SPECTRAL_OPTIONS
+    from hf_condinit.config import CondInitConfig, option_readers
+    from hf_condinit.hooks import FORWARD_OPTIONS
+
+    assert [v.name for v in CATALOG] == list(VARIANTS) == list(attention.VARIANTS)
+    for v in CATALOG:
+        assert AttentionInterface._global_mapping[v.name] is v.forward is ATTENTION_VARIANTS[v.name]
+        assert REFERENCES[f"{v.name}_reference"] is v.reference
+        assert all(option_readers()[name] == ("attention", v.name) for name in v.options)
+    assert FORWARD_OPTIONS == ("spectral_lambda", "spectral_mode", "affine_rho", "affine_bias_length", "precond_eps",
+                               "precond_scale")
+    defaults = {f.name: f.default for f in dataclasses.fields(CondInitConfig)}
+    for name, default in {**SPECTRAL_OPTIONS, **{k: d for v in CATALOG for k, d in v.options.items()}}.items():
+        assert defaults[name] == default, name
+    held = {type(m): n.rpartition(".")[2] for variant in VARIANTS
+            for n, m in build("gpt2", variant).named_modules() if isinstance(m, attention.CondInitHolder)}
+    assert held == {v.holder: v.holder_name for v in CATALOG if v.holder is not None}
+
+
+def test_bundled_modules_define_each_name_once():
+    """A portable checkpoint's ``condinit_modeling.py`` concatenates the bundled modules into one namespace: a
+    top-level name defined by two of them (``OPTIONS`` in two variants' folders) would silently shadow the first."""
+    import ast
+    import importlib
+    import inspect
+
+    from hf_condinit.attention.portable import bundled_modules
+
+    owner = {}
+    for module in bundled_modules():
+        tree = ast.parse(inspect.getsource(importlib.import_module(module)))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name) and t.id != "__all__"]
+            else:
+                continue
+            for name in names:
+                assert owner.setdefault(name, module) == module, f"{name}: {owner[name]} and {module}"
 
 
 def test_holders_injected_and_named():

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: E402
 
 import hf_condinit  # noqa: E402
-from hf_condinit.attention._common import compile_refusal  # noqa: E402
+from hf_condinit.attention.compile_guard import compile_refusal  # noqa: E402
 from hf_condinit.attention.portable import PORTABLE_FILE, bundle_source, loading_instructions  # noqa: E402
 from hf_condinit.attention.reference import randomise_holders  # noqa: E402
 
@@ -217,7 +217,8 @@ def test_bundle_imports_only_torch_and_transformers(tmp_path):
     path = tmp_path / PORTABLE_FILE
     path.write_text(source)
     assert get_relative_imports(path) == []
-    assert {name.split(".")[0] for name in get_imports(path)} <= {"__future__", "torch", "transformers", "typing", "math"}
+    allowed = {"__future__", "dataclasses", "math", "typing", "torch", "transformers"}  # the standard library, torch, HF
+    assert {name.split(".")[0] for name in get_imports(path)} <= allowed
     assert "hf_condinit" not in {name.split(".")[0] for name in get_imports(path)}
     compile(source, PORTABLE_FILE, "exec")
 

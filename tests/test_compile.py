@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
 import hf_condinit  # noqa: F401
-from hf_condinit.attention._common import COMPILE_MIN_TORCH, compile_refusal
+from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH, compile_refusal
 from utils import assert_matches_eager
 
 OLD_TORCH = torch.__version__ < COMPILE_MIN_TORCH

@@ -25,7 +25,8 @@ from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 import hf_condinit  # noqa: F401
-from hf_condinit.attention._common import ATTENTIONS_KWARG, compile_refusal
+from hf_condinit.attention._common import ATTENTIONS_KWARG
+from hf_condinit.attention.compile_guard import compile_refusal
 from hf_condinit.attention.reference import randomise_holders
 from utils import assert_matches_eager, mini_config
 

@@ -69,7 +69,7 @@ def test_smoke_run_writes_every_part_without_deepspeed_datasets_evaluate(tmp_pat
     train = [r for r in cases if "train" in r["case"]]
     assert all(r["out_rel_err"] is not None and r["worst_tensor"] and r["n_tensors"] > 10 for r in train)
     # Every case passes on CPU, the affine_scaled bf16 W_a gradient included (it failed before the fp16
-    # probability pass of hf_condinit/attention/affine_scaled.py); the exit status is 0.
+    # probability pass of hf_condinit/attention/affine_scaled/fast.py); the exit status is 0.
     failed = [r for r in cases if not r["passed"]]
     assert not failed, failed
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -114,7 +114,7 @@ BEST_ORDER = ["1.72B best", "472M affine_scaled, best", "472M attention_sink, be
 def check_part_d(rows, md):
     """Part d of the smoke run: the documented order, each lever arm running its lever (read from the trained
     objects), all levers with the faster compile, the best configuration carried into the search and the best arms."""
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
+    from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
 
     no_compile = torch.__version__ < COMPILE_MIN_TORCH
     refused = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
@@ -264,7 +264,7 @@ def test_lever_matrix_order_best_configuration_and_plan_with_planted_timings(mon
     memory at micro-batch 8 (one row) and run again at 4 (its estimate: the whole compile × 2 for 48 / 24 layers,
     steps × its FLOPs); the variants (one whose compile the library refuses runs without it); then the micro-batch
     doubled until a planted out-of-memory (one row, the search stops there)."""
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+    from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH
 
     if torch.__version__ < COMPILE_MIN_TORCH:
         pytest.skip("torch.compile is refused below torch 2.7: no compile arm runs (the smoke run covers it)")
@@ -300,7 +300,7 @@ def test_lever_matrix_order_best_configuration_and_plan_with_planted_timings(mon
 def test_an_arm_that_does_not_fit_in_the_time_left_is_skipped_with_both_numbers(monkeypatch):
     """The same matrix in a shorter cap: the search's first arm (its estimate from the best arm's, × the FLOPs)
     does not fit in what the 14 arms before it (20 s each) left: skipped with both numbers, and the search stops."""
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH
+    from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH
 
     if torch.__version__ < COMPILE_MIN_TORCH:
         pytest.skip("torch.compile is refused below torch 2.7: no compile arm runs (the smoke run covers it)")
@@ -348,7 +348,7 @@ def test_compiled_gradients_checked_before_a_compiled_arm_is_timed(monkeypatch):
     changes the gradient (planted: the graph's outputs scaled) fails it. A compile lever arm whose check fails is
     not timed; a variant in the best configuration runs without the compile, its row saying why; below torch 2.7 (no
     compile: `COMPILE_MIN_TORCH`) both happen with the torch it needs as the reason."""
-    from hf_condinit.attention._common import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
+    from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH, COMPILE_WRONG_GRADIENTS
 
     ran = []
     monkeypatch.setattr(matrix, "train_arm",
@@ -393,12 +393,12 @@ def test_compile_refused_by_the_library_is_not_an_error(monkeypatch):
     `COMPILE_WRONG_GRADIENTS`; planted here for this torch), part d neither compiles it nor reports an error: the
     compile_check row carries the refusal's line, a compile lever arm of it is skipped with it, its best-configuration
     arm runs without the compile, and the report says so; the other variants are checked as before."""
-    from hf_condinit.attention import _common
+    from hf_condinit.attention import compile_guard
 
-    if torch.__version__ < _common.COMPILE_MIN_TORCH:
+    if torch.__version__ < compile_guard.COMPILE_MIN_TORCH:
         pytest.skip("torch.compile is refused below torch 2.7 for every variant (the other test covers it)")
     here = tuple(int(x) for x in torch.__version__.split(".")[:2])
-    monkeypatch.setitem(_common.COMPILE_WRONG_GRADIENTS, here, ("affine_scaled",))
+    monkeypatch.setitem(compile_guard.COMPILE_WRONG_GRADIENTS, here, ("affine_scaled",))
     monkeypatch.setattr(matrix, "train_arm", lambda torch_, arm, *a: _planted_row(torch_, arm, *a))
     rows, record = _rows()
     runner_ = matrix.Runner(torch, {**SMOKE_CTX, "started": time.time(), "cap": 1e6}, record, 16, 2, 2)

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # noqa: E402
 
-from hf_condinit.attention._common import COMPILE_MIN_TORCH  # noqa: E402
+from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH  # noqa: E402
 from hf_condinit.scripts_common import UsageError  # noqa: E402
 
 from utils import load_script  # noqa: E402

@@ -157,7 +157,7 @@ class Runner:
     def _compile_refusal(self, arm: Arm) -> str | None:
         """Why ``arm``'s compile cannot be timed here (torch too old, refused by the library, gradients that differ
         from eager's in the compile check, or the check failing), or None; the check runs once per attention."""
-        from hf_condinit.attention._common import COMPILE_MIN_TORCH
+        from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH
 
         torch = self.torch
         if torch.__version__ < COMPILE_MIN_TORCH:  # transformers' own forward does not trace there

@@ -13,7 +13,7 @@ the families that ran (profiled again: a kernel called directly, as the sink's f
 runs whatever SDPA is restricted to). eager calls no SDPA operator and runs under any restriction. For the attention
 sink, the row also says which path each call took and why (``sink_kernel``: the fused kernel returning lse, or the
 virtual-key fallback through SDPA, with the condition that decided it), recorded from the calls of the profiled
-step (`hf_condinit.attention.attention_sink.lse_kernel_choice`), beside the operators the profiler saw.
+step (`hf_condinit.attention.attention_sink.fast.lse_kernel_choice`), beside the operators the profiler saw.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _profiled(step) -> list[str]:
 @contextlib.contextmanager
 def _sink_choices(calls: list):
     """Append each (kernel, why) of `lse_kernel_choice` that the attention sink's forward decides while inside."""
-    from hf_condinit.attention import attention_sink
+    from hf_condinit.attention.attention_sink import fast as attention_sink
 
     real = attention_sink.lse_kernel
 

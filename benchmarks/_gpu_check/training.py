@@ -245,13 +245,13 @@ def compiled_gradients_match(torch, impl: str, device, backend, rtol: float = 1e
     eager's gradient of one training step on ``device`` (relative L2 error ≤ ``rtol``, per parameter). Returns
     ``match``, the worst parameter and its error, and the parameters with a zero compiled gradient but not an eager
     one. ``backend``: a name or a dynamo backend callable. Where the library refuses to compile that attention on the
-    running torch (``hf_condinit.attention._common.compile_refusal``: torch 2.11 and affine_scaled / spectral), no
+    running torch (``hf_condinit.attention.compile_guard.compile_refusal``: torch 2.11 and affine_scaled / spectral), no
     compile is tried: ``match`` False and ``refused``, the refusal's line."""
     import copy
 
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    from hf_condinit.attention._common import compile_refusal
+    from hf_condinit.attention.compile_guard import compile_refusal
 
     config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=128, n_positions=32, attn_pdrop=0.0,
                         resid_pdrop=0.0, embd_pdrop=0.0)

@@ -1,12 +1,10 @@
 """Attention variants as Hugging Face attention implementations (docs/methods.md §3–§5, docs/attention_variants.md).
 
-Variants registered in ``transformers.AttentionInterface`` (with ``sdpa_mask`` in ``AttentionMaskInterface``, so HF
-builds padding/causal masks for them) and in `hf_condinit.registry.ATTENTION_VARIANTS`:
-
-- ``"affine_scaled"``: Affine-Scaled Attention, fast path ``α·SDPA + (α_ma − α)·mean_visible(V)``;
-- ``"attention_sink"``: a learnable per-head logit in the softmax denominator, fast path σ(lse − s)·O from one
-  fused kernel call that returns lse (custom autograd function; virtual-key SDPA fallback);
-- ``"preconditioned"``: per-token L2 normalisation of each head's output after SDPA (the project's reading).
+Each variant is a folder of this package (``affine_scaled/``, ``attention_sink/``, ``preconditioned/``: options,
+holder, fast path, reference form), listed once in `hf_condinit.attention.catalog.VARIANTS`; `register_all` registers
+each in ``transformers.AttentionInterface`` (with ``sdpa_mask`` in ``AttentionMaskInterface``, so HF builds
+padding/causal masks for them) and in `hf_condinit.registry.ATTENTION_VARIANTS`, and `inject` attaches the holder
+of the variant a config names.
 
 Spectral conditioning is not an attention function but fixed buffers + forward hooks on the q/k/v projections,
 switched on by ``config.condinit["spectral_lambda"]`` or `apply_spectral_conditioning`; it combines with any
@@ -31,16 +29,26 @@ from typing import Any
 
 from torch import nn
 
-from ._common import guard_compile, watch_attention_requests
-from .holders import HOLDER_PREFIX, AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
-from .affine_scaled import affine_scaled_attention_forward
-from .attention_sink import attention_sink_attention_forward
+from ._common import watch_attention_requests
+from .affine_scaled import AffineScaledHolder, affine_scaled_attention_forward
+from .attention_sink import AttentionSinkHolder, attention_sink_attention_forward
+from .catalog import VARIANTS as _CATALOG
+from .catalog import variant_named
+from .compile_guard import guard_compile
+from .holder_base import HOLDER_PREFIX, CondInitHolder
 from .portable import PORTABLE_FILE, plugin_config_dict, portable_kind, write_portable
 from .preconditioned import preconditioned_attention_forward
-from .spectral import apply_spectral_conditioning, merge_spectral, remove_spectral
+from .spectral import apply_spectral_conditioning, gathered, inject_spectral, merge_spectral, remove_spectral
+from .spectral_holder import SpectralHolder
+from .variant import AttentionVariant
 
 __all__ = [
+    "AttentionVariant",
     "VARIANTS",
+    "CondInitHolder",
+    "AffineScaledHolder",
+    "AttentionSinkHolder",
+    "SpectralHolder",
     "register_all",
     "unregister_all",
     "inject",
@@ -60,11 +68,8 @@ __all__ = [
     "preconditioned_attention_forward",
 ]
 
-VARIANTS = {
-    "affine_scaled": affine_scaled_attention_forward,
-    "attention_sink": attention_sink_attention_forward,
-    "preconditioned": preconditioned_attention_forward,
-}
+#: ``attn_implementation`` name → fast path, for every variant of `hf_condinit.attention.catalog.VARIANTS`
+VARIANTS = {v.name: v.forward for v in _CATALOG}
 
 
 def _is_ours(existing: Any, fn: Any) -> bool:
@@ -133,43 +138,22 @@ def _options(config) -> dict:
     return stored if isinstance(stored, dict) else stored.to_dict()
 
 
-def _has_pre_hook(module: nn.Module, holder: nn.Module) -> bool:
-    return any(getattr(h, "__self__", None) is holder for h in module._forward_pre_hooks.values())
-
-
-def _inject_affine(core: nn.Module, geometry, like) -> AffineScaledHolder:
-    holder = core._modules.get("condinit_affine")
-    if holder is None:
-        holder = AffineScaledHolder(geometry.n_heads, geometry.hidden, device=like.device, dtype=like.dtype)
-        core.add_module("condinit_affine", holder)
-    if not _has_pre_hook(core, holder):
-        core.register_forward_pre_hook(holder.pass_input, with_kwargs=True)
-    return holder
-
-
-def _inject_sink(core: nn.Module, geometry, like) -> AttentionSinkHolder:
-    holder = core._modules.get("condinit_sink")
-    if holder is None:
-        holder = AttentionSinkHolder(geometry.n_heads, device=like.device, dtype=like.dtype)
-        core.add_module("condinit_sink", holder)
-    return holder
-
-
 def inject(model: nn.Module, layout=None, config=None) -> list[str]:
     """Attach the holders (and their hooks) that ``config`` asks for to every attention block of ``model``.
 
-    What is injected: ``condinit_affine`` when ``config._attn_implementation == "affine_scaled"``,
-    ``condinit_sink`` for ``"attention_sink"``, ``condinit_spectral_*`` when ``config.condinit["spectral_lambda"]`` is
-    not None. Holders attach to ``layout.core_module(block)`` (the module that calls the attention function).
-    Idempotent: existing holders are kept (their values untouched) and hooks are never registered twice. Where the
-    running torch refuses to compile the variant (`hf_condinit.attention._common.compile_refusal`), ``model`` also gets
-    the pre-hook that refuses torch.compile in one line (`hf_condinit.attention._common.guard_compile`). A model with
-    a variant gets the hooks that pass a request for attention weights on to its blocks as an argument, so that the
-    blocks compile without a graph break (`hf_condinit.attention._common.watch_attention_requests`).
+    What is injected: the holder of the variant ``config._attn_implementation`` names (`AttentionVariant.attach`:
+    ``condinit_affine`` for ``"affine_scaled"``, ``condinit_sink`` for ``"attention_sink"``, none for
+    ``"preconditioned"``), and ``condinit_spectral_*`` when ``config.condinit["spectral_lambda"]`` is not None.
+    Holders attach to ``layout.core_module(block)`` (the module that calls the attention function). Idempotent:
+    existing holders are kept (their values untouched) and hooks are never registered twice. Where the running torch
+    refuses to compile the variant (`hf_condinit.attention.compile_guard.compile_refusal`), ``model`` also gets the
+    pre-hook that refuses torch.compile in one line (`hf_condinit.attention.compile_guard.guard_compile`). A model
+    with a variant gets the hooks that pass a request for attention weights on to its blocks as an argument, so that
+    the blocks compile without a graph break (`hf_condinit.attention._common.watch_attention_requests`).
 
     Values are *not* initialised here beyond zeros: the init pass (``reset_condinit_parameters``) or the loaded
-    checkpoint writes them; call `hf_condinit.attention.holders.CondInitHolder.reset_condinit_parameters` yourself when
-    injecting into an already-built model outside the hooks.
+    checkpoint writes them; call `hf_condinit.attention.holder_base.CondInitHolder.reset_condinit_parameters`
+    yourself when injecting into an already-built model outside the hooks.
 
     Returns:
         the qualified names of the holders of ``model`` after injection.
@@ -179,27 +163,23 @@ def inject(model: nn.Module, layout=None, config=None) -> list[str]:
 
         layout = get_layout(model)
     config = model.config if config is None else config
-    impl = getattr(config, "_attn_implementation", None)
+    variant = variant_named(getattr(config, "_attn_implementation", None))
     opts = _options(config)
     lam = opts.get("spectral_lambda")
     mode = opts.get("spectral_mode") or "identity"
-    if impl in VARIANTS or lam is not None:
+    if variant is not None or lam is not None:
         guard_compile(model)
-    if impl in VARIANTS:
+    if variant is not None:
         watch_attention_requests(model)
+    holder = variant is not None and variant.holder is not None
     for _, block in layout.attention_modules(model):
-        core = layout.core_module(block)
-        if impl not in ("affine_scaled", "attention_sink") and lam is None:
+        if not holder and lam is None:
             continue
+        core = layout.core_module(block)
         geometry = layout.geometry(block, config)
-        like = layout.projections(block, geometry)["q"].weight
-        if impl == "affine_scaled":
-            _inject_affine(core, geometry, like)
-        elif impl == "attention_sink":
-            _inject_sink(core, geometry, like)
+        if holder:
+            variant.attach(core, geometry, layout.projections(block, geometry)["q"].weight)
         if lam is not None:
-            from .spectral import inject_spectral
-
             inject_spectral(block, core, layout, geometry, lam, mode)
     return [name for name, m in model.named_modules() if isinstance(m, CondInitHolder)]
 
@@ -224,13 +204,11 @@ def after_zero3_init(model: nn.Module, layout, config) -> None:
     """Under DeepSpeed ZeRO-3 (holder parameters partitioned during construction): gather and reset every holder
     whose tensors are not flagged ``_is_hf_initialized``, after the init scheme has run (svd-mode C then reads the
     final, gathered weights). Called by ``hf_condinit.hooks`` after ``apply_init`` in ``_from_config``."""
-    from .spectral import _gathered
-
     for _, holder in [(n, m) for n, m in model.named_modules() if isinstance(m, CondInitHolder)]:
         if any(getattr(t, "_is_hf_initialized", False) for t in holder.condinit_tensors()):
             continue
         extra = [p.weight for p in getattr(holder, "_projections", [])]
-        with _gathered([*holder.parameters(recurse=False), *extra]):
+        with gathered([*holder.parameters(recurse=False), *extra]):
             holder.reset_condinit_parameters()
 
 

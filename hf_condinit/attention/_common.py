@@ -1,5 +1,6 @@
-"""Helpers shared by the attention variants: mask semantics identical to HF's ``sdpa_attention_forward``, whether a
-call wants the attention weights (decided without a graph break under torch.compile), and the compile refusals."""
+"""Helpers shared by the attention variants: mask semantics identical to HF's ``sdpa_attention_forward``, a variant's
+options as a module's config sets them, and whether a call wants the attention weights (decided without a graph break
+under torch.compile)."""
 
 from __future__ import annotations
 
@@ -20,21 +21,8 @@ __all__ = [
     "watch_attention_requests",
     "get_holder",
     "cast_fresh",
-    "COMPILE_MIN_TORCH",
-    "COMPILE_WRONG_GRADIENTS",
-    "compile_refusal",
-    "guard_compile",
+    "refuse_compile",
 ]
-
-_DEFAULTS = {
-    "affine_rho": 0.9,
-    "affine_bias_length": "visible",
-    "precond_eps": 1e-6,
-    "precond_scale": "none",
-    "spectral_lambda": None,
-    "spectral_mode": "identity",
-}
-
 
 def cast_fresh(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``tensor`` in ``dtype``, never through a same-dtype ``.to`` (which returns an alias of ``tensor``).
@@ -47,64 +35,12 @@ def cast_fresh(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
-#: torch.compile of a model with an attention variant needs this torch. On 2.5.1 and 2.6.0 dynamo cannot trace
-#: transformers 5.17's own forward wrappers, whatever the attention (plain ``sdpa`` fails alike): ``merge_with_config_
-#: defaults`` (transformers/utils/generic.py) reads ``func.__code__.co_varnames`` ("Unsupported call_method
-#: GetAttrVariable(GetSetDescriptorVariable(), co_varnames) __contains__"), and past it ``capture_outputs``
-#: (transformers/utils/output_capturing.py) stops with "NameError: name 'torch' is not defined". Measured: 2.7.1 traces
-#: both and compiles every variant with eager's outputs and gradients (tests/test_compile.py), so does 2.8.0.
-COMPILE_MIN_TORCH = (2, 7)
-
-#: torch releases (major, minor) whose compiled training gives these variants wrong gradients while the outputs equal
-#: eager's: refused there. 2.11 with inductor, affine_scaled + spectral (tests/test_compile.py with
-#: HF_CONDINIT_COMPILE_BACKEND=inductor: ‖Δ grad wte‖ up to 0.71, 34 % of its elements; the version matrix's
-#: torch-2.11 row); aot_eager matches there, but the refusal cannot see the backend.
-COMPILE_WRONG_GRADIENTS = {(2, 11): ("affine_scaled", "spectral conditioning")}
-
-_VARIANT_NAMES = ("affine_scaled", "attention_sink", "preconditioned")
-
-
 @torch._dynamo.assume_constant_result
-def _refuse_compile(message: str) -> None:
+def refuse_compile(message: str) -> None:
     """Raise ``message`` (one line) as a RuntimeError. ``assume_constant_result``: dynamo runs it for real while
     tracing, so its message reaches the user (the first line of dynamo's error) instead of dynamo's bare "Observed
     exception"."""
     raise RuntimeError(message)
-
-
-def compile_refusal(config) -> str | None:
-    """Why torch.compile of a model with ``config`` is refused on the running torch (one line), or None."""
-    impl = getattr(config, "_attn_implementation", None)
-    spectral = (getattr(config, "condinit", None) or {}).get("spectral_lambda") is not None
-    variants = ([impl] if impl in _VARIANT_NAMES else []) + (["spectral conditioning"] if spectral else [])
-    if not variants:
-        return None
-    what = " and ".join(f"attn_implementation={v!r}" if v in _VARIANT_NAMES else v for v in variants)
-    if torch.__version__ < COMPILE_MIN_TORCH:
-        return (f"hf_condinit: torch.compile of a model with {what} needs torch >= "
-                f"{'.'.join(map(str, COMPILE_MIN_TORCH))} (this is torch {torch.__version__}); run it eagerly or "
-                f"upgrade torch")
-    wrong = COMPILE_WRONG_GRADIENTS.get(tuple(int(x) for x in torch.__version__.split(".")[:2]), ())
-    if any(v in wrong for v in variants):
-        return (f"hf_condinit: torch.compile of a model with {what} gives wrong gradients on torch "
-                f"{torch.__version__} (inductor); run it eagerly or use another torch (docs/versions.md)")
-    return None
-
-
-def _refuse_compile_hook(module: nn.Module, args) -> None:
-    """Forward pre-hook (`guard_compile`): a no-op eagerly; under torch.compile, the refusal."""
-    if torch.compiler.is_compiling():
-        _refuse_compile(compile_refusal(module.config))
-
-
-def guard_compile(model: nn.Module) -> None:
-    """Where `compile_refusal` refuses ``model`` (a model with an attention variant or spectral conditioning) on the
-    running torch, make torch.compile of it fail at its first compiled forward with that one line, rather than deep
-    inside transformers' code or with wrong gradients. Idempotent; nothing where compile is not refused."""
-    if compile_refusal(model.config) is None:
-        return
-    if _refuse_compile_hook not in model._forward_pre_hooks.values():
-        model.register_forward_pre_hook(_refuse_compile_hook)
 
 
 def effective_causal(module: nn.Module, query: torch.Tensor, attention_mask, is_causal) -> bool:
@@ -132,15 +68,16 @@ def visible_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
-def condinit_options(module: nn.Module) -> dict[str, Any]:
-    """The variant options of ``module.config.condinit`` (plain dict, a `CondInitConfig`, or absent → defaults)."""
+def condinit_options(module: nn.Module, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` (a variant's options) overridden by the values set in ``module.config.condinit`` (plain dict, a
+    `CondInitConfig`, or absent)."""
     config = getattr(module, "config", None)
     stored = getattr(config, "condinit", None) if config is not None else None
     if stored is None:
-        return _DEFAULTS
+        return defaults
     if not isinstance(stored, dict):
         stored = stored.to_dict() if hasattr(stored, "to_dict") else dict(vars(stored))
-    return {**_DEFAULTS, **{k: v for k, v in stored.items() if v is not None or k == "spectral_lambda"}}
+    return {**defaults, **{k: stored[k] for k in defaults if stored.get(k) is not None}}
 
 
 #: Keyword under which a model's request for attention weights reaches the attention functions of its blocks: set to
@@ -173,7 +110,7 @@ def check_attentions_returned(model: nn.Module, args: tuple, kwargs: dict, outpu
     tensor per layer. That happens only under compilation of the blocks on their own, in a model whose forward
     does not pass its keyword arguments on to its layers (the request cannot reach them)."""
     if kwargs.get(ATTENTIONS_KWARG) and getattr(output, "attentions", None) == ():
-        _refuse_compile(
+        refuse_compile(
             f"hf_condinit: output_attentions=True returned no attention weights: {type(model).__name__} does not "
             f"pass the request on to its compiled blocks (attn_implementation="
             f"{model.config._attn_implementation!r}). Call the model uncompiled for the weights, or compile the "

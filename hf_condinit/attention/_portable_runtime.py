@@ -1,8 +1,8 @@
 """What a portable checkpoint runs without hf_condinit: holders rebuilt from config.json, variants registered.
 
 This file is one part of the self-contained ``condinit_modeling.py`` that `hf_condinit.attention.portable` writes
-next to the weights (bundled verbatim with ``holders.py``, ``attention/_common.py``, ``reference.py`` and the
-variants' files, relative imports removed; see `hf_condinit.attention.portable.bundle_source`). Inside hf_condinit it
+next to the weights (bundled verbatim with the holders' base, the shared helpers, every variant's folder and
+``catalog.py``, relative imports removed; see `hf_condinit.attention.portable.bundle_source`). Inside hf_condinit it
 is importable and tested like any module, but the package itself never calls it.
 
 ``config.condinit_holders`` (written by `hf_condinit.attention.portable.holder_manifest`) lists every holder of the
@@ -17,26 +17,19 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ._common import guard_compile, watch_attention_requests
-from .holders import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
-from .affine_scaled import affine_scaled_attention_forward
-from .attention_sink import attention_sink_attention_forward
-from .preconditioned import preconditioned_attention_forward
-
-PORTABLE_VARIANTS = {
-    "affine_scaled": affine_scaled_attention_forward,
-    "attention_sink": attention_sink_attention_forward,
-    "preconditioned": preconditioned_attention_forward,
-}
+from ._common import watch_attention_requests
+from .catalog import VARIANTS
+from .compile_guard import guard_compile
+from .spectral_holder import SpectralHolder
 
 
 def register_portable_variants() -> None:
     """Register the variants with HF's attention and mask registries, leaving names already registered alone (the
     same functions registered by hf_condinit, when it is imported too)."""
-    for name, fn in PORTABLE_VARIANTS.items():
-        if name not in AttentionInterface._global_mapping:
-            AttentionInterface.register(name, fn)
-            AttentionMaskInterface.register(name, sdpa_mask)
+    for variant in VARIANTS:
+        if variant.name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(variant.name, variant.forward)
+            AttentionMaskInterface.register(variant.name, sdpa_mask)
 
 
 class StoredProjection:
@@ -60,18 +53,17 @@ def attach_holders(model: torch.nn.Module, manifest: list[dict]) -> None:
     Values are zeros until the checkpoint's weights are loaded into them.
     """
     root = model.base_model
+    holders = {v.name: v.holder for v in VARIANTS if v.holder is not None}
     for entry in manifest:
         core = root.get_submodule(entry["module"])
         if entry["name"] in core._modules:
             continue
         like = next(core.parameters())
         kind = entry["kind"]
-        if kind == "affine_scaled":
-            holder = AffineScaledHolder(entry["n_heads"], entry["hidden"], device=like.device, dtype=like.dtype)
+        if kind in holders:
+            holder = holders[kind].from_shape(entry, device=like.device, dtype=like.dtype)
             core.add_module(entry["name"], holder)
-            core.register_forward_pre_hook(holder.pass_input, with_kwargs=True)
-        elif kind == "attention_sink":
-            core.add_module(entry["name"], AttentionSinkHolder(entry["n_heads"], device=like.device, dtype=like.dtype))
+            holder.hook_into(core)
         elif kind == "spectral":
             module = root.get_submodule(entry["projection"])
             projections = [StoredProjection(module, role, entry["storage"]) for role in entry["roles"]]

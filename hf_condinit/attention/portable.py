@@ -8,10 +8,10 @@ Mechanism (Hugging Face's convention for an architecture that transformers does 
 ``auto_map``, ``trust_remote_code=True``). `write_portable` runs after every ``save_pretrained`` of such a model
 (the ``save_pretrained`` hook of `hf_condinit.hooks`) and
 
-- writes ``condinit_modeling.py``: one self-contained file (imports only torch and transformers) built by
-  `bundle_source` from hf_condinit's own source of the holders and attention functions (no second copy to keep in
-  sync), ending with a config class and a model class per Auto class of the family
-  (``class CondInitGPT2LMHeadModel(CondInitPortableMixin, GPT2LMHeadModel)``);
+- writes ``condinit_modeling.py``: one self-contained file (imports only the standard library, torch and
+  transformers) built by `bundle_source` from hf_condinit's own source of the holders and attention functions
+  (`bundled_modules`; no second copy to keep in sync), ending with a config class and a model class per Auto class
+  of the family (``class CondInitGPT2LMHeadModel(CondInitPortableMixin, GPT2LMHeadModel)``);
 - rewrites config.json: ``model_type`` becomes ``"condinit_<type>"`` (the original kept in
   ``condinit_base_model_type``), ``auto_map`` points the Auto classes at that file, ``condinit_holders`` lists the
   holders (`holder_manifest`), and ``attn_implementation`` names the variant.
@@ -30,6 +30,7 @@ read, so loading goes through the plugin exactly as before, with or without ``tr
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -37,13 +38,16 @@ import re
 
 from torch import nn
 
-from .holders import AffineScaledHolder, AttentionSinkHolder, CondInitHolder, SpectralHolder
+from .catalog import VARIANTS
+from .holder_base import CondInitHolder
+from .spectral_holder import SpectralHolder
 
 __all__ = [
     "PORTABLE_FILE",
     "portable_kind",
     "holder_manifest",
     "bundle_source",
+    "bundled_modules",
     "write_portable",
     "plugin_config_dict",
     "auto_class_name",
@@ -53,16 +57,8 @@ __all__ = [
 PORTABLE_FILE = "condinit_modeling.py"
 _MODULE = PORTABLE_FILE[:-3]
 _PREFIX = "condinit_"
-#: bundled in this order (each file only uses names of the files before it, or its own)
-_BUNDLED = (
-    "hf_condinit.attention.holders",
-    "hf_condinit.attention._common",
-    "hf_condinit.attention.reference",
-    "hf_condinit.attention.affine_scaled",
-    "hf_condinit.attention.attention_sink",
-    "hf_condinit.attention.preconditioned",
-    "hf_condinit.attention._portable_runtime",
-)
+#: the modules of a variant's folder, bundled in this order when the folder has them
+_VARIANT_PARTS = ("options", "holder", "reference", "fast", "")
 #: Auto classes given an ``auto_map`` entry (when the family has a class for them), with their mapping names
 _AUTO_CLASSES = {
     "AutoModel": "MODEL_MAPPING_NAMES",
@@ -100,16 +96,15 @@ def holder_manifest(model: nn.Module) -> list[dict]:
     # and the saved model leave out
     modules = [(n.replace("_checkpoint_wrapped_module.", ""), m) for n, m in root.named_modules()]
     names = {id(m): n for n, m in modules}
+    kinds = {v.holder: v.name for v in VARIANTS if v.holder is not None}
     entries = []
     for name, holder in modules:
         if not isinstance(holder, CondInitHolder):
             continue
         module, _, attr = name.rpartition(".")
         entry = {"module": module, "name": attr}
-        if isinstance(holder, AffineScaledHolder):
-            entry.update(kind="affine_scaled", n_heads=holder.n_heads, hidden=holder.hidden)
-        elif isinstance(holder, AttentionSinkHolder):
-            entry.update(kind="attention_sink", n_heads=holder.n_heads)
+        if type(holder) in kinds:
+            entry.update(kind=kinds[type(holder)], **holder.shape())
         elif isinstance(holder, SpectralHolder):
             projection = holder._projections[0]
             entry.update(kind="spectral", projection=names[id(projection.module)], roles=holder.roles,
@@ -156,7 +151,7 @@ def bundle_source(base_model_type: str) -> str:
         "from __future__ import annotations\n",
         "import torch\n\n\n" + inspect.getsource(block_identity),
     ]
-    for module in _BUNDLED:
+    for module in bundled_modules():
         parts.append(f"# ---- {module} " + "-" * max(0, 100 - len(module)) + "\n")
         parts.append(_strip(inspect.getsource(importlib.import_module(module))))
     tail = ["# ---- the classes of this checkpoint " + "-" * 64, "import transformers", "",
@@ -168,6 +163,20 @@ def bundle_source(base_model_type: str) -> str:
                  f"    config_class = {_portable_name(config_name)}", ""]
     parts.append("\n".join(tail))
     return "\n".join(parts)
+
+
+def bundled_modules() -> list[str]:
+    """The modules whose source makes up ``condinit_modeling.py``, in order: each uses only names of the modules
+    before it, or its own."""
+    package = __name__.rpartition(".")[0]
+    names = [f"{package}.{m}" for m in ("holder_base", "spectral_holder", "_common", "naive", "variant")]
+    for variant in VARIANTS:
+        folder = variant.forward.__module__.rpartition(".")[0]
+        for part in _VARIANT_PARTS:
+            name = f"{folder}.{part}" if part else folder
+            if importlib.util.find_spec(name) is not None:
+                names.append(name)
+    return names + [f"{package}.catalog", f"{package}.compile_guard", f"{package}._portable_runtime"]
 
 
 def auto_class_name(model: nn.Module) -> str:

@@ -26,7 +26,7 @@ import contextlib
 import torch
 from torch import nn
 
-from .holders import SpectralHolder
+from .spectral_holder import SpectralHolder
 
 __all__ = [
     "inject_spectral",
@@ -36,6 +36,7 @@ __all__ = [
     "merge_spectral",
     "remove_spectral",
     "low_precision_error",
+    "gathered",
     "PROJECTION_TOL",
 ]
 
@@ -94,7 +95,7 @@ def forward_weight(core: nn.Module, projection: nn.Module) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _gathered(params):
+def gathered(params):
     """Gather DeepSpeed ZeRO-3 partitioned parameters (no-op otherwise)."""
     params = [p for p in params if hasattr(p, "ds_id")]
     if not params:
@@ -146,7 +147,7 @@ def apply_spectral_conditioning(model: nn.Module, lam: float = 10.0, mode: str =
         core = layout.core_module(block)
         geometry = layout.geometry(block, config)
         for holder in inject_spectral(block, core, layout, geometry, lam, mode):
-            with _gathered([p.weight for p in holder._projections]):
+            with gathered([p.weight for p in holder._projections]):
                 holder.reset_condinit_parameters(force=True)
     _record(config, spectral_lambda=float(lam), spectral_mode=mode)
     return model
@@ -167,7 +168,7 @@ def merge_spectral(model: nn.Module) -> nn.Module:
     (peft ``merge_and_unload`` analogue). ``config.condinit["spectral_lambda"]`` is reset to None."""
     for name, holder in spectral_holders(model):
         w = holder._projections[0].weight
-        with _gathered([w]), torch.no_grad():
+        with gathered([w]), torch.no_grad():
             w.add_(holder.C.to(w.dtype))
         _detach_holder(model, name, holder)
     if getattr(model.config, "condinit", None) is not None:

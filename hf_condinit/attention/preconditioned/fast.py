@@ -1,4 +1,5 @@
-"""Preconditioned attention (Saratchandran, arXiv 2603.27153) — **the project's reading** (docs/methods.md §4).
+"""The fast path of preconditioned attention (Saratchandran, arXiv 2603.27153), **the project's reading**
+(docs/methods.md §4).
 
 The paper multiplies each head's output by a diagonal matrix C depending on Q, K, V; its exact formula is not public
 in full. The project reads it as C = diag(1 / (‖A_i‖₂ + ε)) for A = softmax(QKᵀ/√d)V, computed on a *detached*
@@ -14,7 +15,9 @@ import math
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ._common import condinit_options, wants_attentions
+from .._common import condinit_options, wants_attentions
+from .options import PRECONDITIONED_OPTIONS
+from .reference import preconditioned_reference
 
 __all__ = ["preconditioned_attention_forward"]
 
@@ -32,12 +35,10 @@ def preconditioned_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HF attention function for ``attn_implementation="preconditioned"``."""
     if wants_attentions(kwargs):
-        from .reference import preconditioned_reference
-
         return preconditioned_reference(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal
         )
-    opts = condinit_options(module)
+    opts = condinit_options(module, PRECONDITIONED_OPTIONS)
     out, _ = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
     )  # (B, Q, H, d)

@@ -1,4 +1,4 @@
-"""Attention sink: a learnable logit s_h per head in the softmax denominator (init 0), fused-kernel fast path.
+"""The fast path of the attention sink, a learnable logit s_h per head in the softmax denominator (init 0).
 
     p_ij = exp(l_ij) / (exp(s_h) + Σ_j exp(l_ij)),   out_i = Σ_j p_ij v_j = σ(lse_i − s_h) · O_i
 
@@ -34,7 +34,8 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from ._common import cast_fresh, crop_for_causal, effective_causal, get_holder, wants_attentions
+from .._common import cast_fresh, crop_for_causal, effective_causal, get_holder, wants_attentions
+from .reference import attention_sink_reference
 
 __all__ = [
     "attention_sink_attention_forward",
@@ -186,8 +187,6 @@ def attention_sink_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HF attention function for ``attn_implementation="attention_sink"``."""
     if wants_attentions(kwargs):
-        from .reference import attention_sink_reference
-
         return attention_sink_reference(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal
         )

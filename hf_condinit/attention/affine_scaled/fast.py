@@ -1,4 +1,4 @@
-"""Affine-Scaled Attention (Bae et al., arXiv 2602.23057; docs/methods.md §5), fast path.
+"""The fast path of Affine-Scaled Attention (Bae et al., arXiv 2602.23057; docs/methods.md §5).
 
     out = [α(X)·softmax(QKᵀ/√d) + β(X)]·V,   β = (α_ma − α)/N on the N keys the query may see
         = α·SDPA(Q, K, V) + (α_ma − α)·mean_visible(V)
@@ -8,7 +8,7 @@ padding left or right, KV cache, packed sequences; one (Q×K)·(K×d) product wi
 SDPA kernel is kept; the N×N weights are materialised only when attention weights are requested.
 
 X is the attention module's input (the normalised hidden state feeding q/k/v). It arrives as a keyword argument of
-this call (`hf_condinit.attention.holders.AFFINE_INPUT_KWARG`, added by the forward pre-hook that
+this call (`hf_condinit.attention.affine_scaled.holder.AFFINE_INPUT_KWARG`, added by the forward pre-hook that
 `hf_condinit.attention.inject` registers), so nothing is stored between calls: one model can serve several threads,
 and under gradient checkpointing the re-forward re-runs the hook, so the recomputed α is identical.
 
@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from ._common import (
+from .._common import (
     cast_fresh,
     condinit_options,
     crop_for_causal,
@@ -54,6 +54,7 @@ from ._common import (
     visible_from_mask,
     wants_attentions,
 )
+from .options import AFFINE_SCALED_OPTIONS
 from .reference import affine_scaled_reference
 
 __all__ = ["affine_scaled_attention_forward", "mean_visible"]
@@ -128,7 +129,7 @@ def affine_scaled_attention_forward(
 
     holder = get_holder(module, "condinit_affine", "affine_scaled")
     x = holder.input_from(kwargs)
-    opts = condinit_options(module)
+    opts = condinit_options(module, AFFINE_SCALED_OPTIONS)
     _, H, Q, _ = query.shape
     causal = effective_causal(module, query, attention_mask, is_causal)
     if causal:
