@@ -55,7 +55,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 
 from . import api
 from .attention.catalog import VARIANTS
-from .attention.spectral_holder import SPECTRAL_OPTIONS
+from .attention.spectral.options import SPECTRAL_OPTIONS
 from .config import CondInitConfig, check_options_apply, resolve_condinit
 from .layouts import get_layout
 from .layouts.detect import base_model_class

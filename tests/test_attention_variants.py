@@ -113,7 +113,7 @@ def test_every_table_follows_the_one_registration():
 
     from hf_condinit.attention.catalog import VARIANTS as CATALOG
     from hf_condinit.attention.reference import REFERENCES
-    from hf_condinit.attention.spectral_holder import SPECTRAL_OPTIONS
+    from hf_condinit.attention.spectral import SPECTRAL_OPTIONS
     from hf_condinit.config import CondInitConfig, option_readers
     from hf_condinit.hooks import FORWARD_OPTIONS
 

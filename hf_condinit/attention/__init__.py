@@ -39,7 +39,7 @@ from .holder_base import HOLDER_PREFIX, CondInitHolder
 from .portable import PORTABLE_FILE, plugin_config_dict, portable_kind, write_portable
 from .preconditioned import preconditioned_attention_forward
 from .spectral import apply_spectral_conditioning, gathered, inject_spectral, merge_spectral, remove_spectral
-from .spectral_holder import SpectralHolder
+from .spectral.holder import SpectralHolder
 from .variant import AttentionVariant
 
 __all__ = [

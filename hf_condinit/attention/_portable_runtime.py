@@ -20,7 +20,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ._common import watch_attention_requests
 from .catalog import VARIANTS
 from .compile_guard import guard_compile
-from .spectral_holder import SpectralHolder
+from .spectral.holder import SpectralHolder
 
 
 def register_portable_variants() -> None:

@@ -8,7 +8,7 @@ attribute                    state                                              
                              paper is ``weight.T``); persistent fp32 buffer
                              ``alpha_ma`` (H,)
 ``condinit_sink``            parameter ``logit`` (H,)                                     ``attention_sink/holder.py``
-``condinit_spectral_<roles>``  persistent buffer ``C`` shaped like the projection's       ``spectral_holder.py``
+``condinit_spectral_<roles>``  persistent buffer ``C`` shaped like the projection's       ``spectral/holder.py``
                              ``weight`` (one holder per projection *module*: ``qkv`` for
                              fused layouts, ``q``/``k``/``v`` for separate ones)
 ===========================  ==========================================================  =========================
@@ -22,7 +22,7 @@ from __future__ import annotations
 from .affine_scaled.holder import AFFINE_INPUT_KWARG, AffineScaledHolder, in_backward_recompute, reduce_over_replicas
 from .attention_sink.holder import AttentionSinkHolder
 from .holder_base import HOLDER_PREFIX, CondInitHolder, iter_holders
-from .spectral_holder import SpectralHolder
+from .spectral.holder import SpectralHolder
 
 __all__ = [
     "HOLDER_PREFIX",

@@ -40,7 +40,7 @@ from torch import nn
 
 from .catalog import VARIANTS
 from .holder_base import CondInitHolder
-from .spectral_holder import SpectralHolder
+from .spectral.holder import SpectralHolder
 
 __all__ = [
     "PORTABLE_FILE",
@@ -103,8 +103,9 @@ def holder_manifest(model: nn.Module) -> list[dict]:
             continue
         module, _, attr = name.rpartition(".")
         entry = {"module": module, "name": attr}
-        if type(holder) in kinds:
-            entry.update(kind=kinds[type(holder)], **holder.shape())
+        kind = next((k for cls, k in kinds.items() if isinstance(holder, cls)), None)
+        if kind is not None:
+            entry.update(kind=kind, **holder.shape())
         elif isinstance(holder, SpectralHolder):
             projection = holder._projections[0]
             entry.update(kind="spectral", projection=names[id(projection.module)], roles=holder.roles,
@@ -169,7 +170,7 @@ def bundled_modules() -> list[str]:
     """The modules whose source makes up ``condinit_modeling.py``, in order: each uses only names of the modules
     before it, or its own."""
     package = __name__.rpartition(".")[0]
-    names = [f"{package}.{m}" for m in ("holder_base", "spectral_holder", "_common", "naive", "variant")]
+    names = [f"{package}.{m}" for m in ("holder_base", "spectral.holder", "_common", "naive", "variant")]
     for variant in VARIANTS:
         folder = variant.forward.__module__.rpartition(".")[0]
         for part in _VARIANT_PARTS:

@@ -1,23 +1,5 @@
-"""Spectral conditioning of attention (Saratchandran & Lucey, NeurIPS 2025; docs/methods.md §3).
-
-Attention is computed with W_Q + C, W_K + C, W_V + C, where C is fixed before training: a persistent *buffer* (no
-gradient, no weight decay, saved next to W in the state dict), never folded into W unless `merge_spectral` is called.
-
-- ``mode="identity"`` (default): C = λ·E, E the block identity of docs/methods.md §1 written through the layout's
-  ``Projection.heads`` views (so fused GPT-2 ``Conv1D``, separate ``nn.Linear``, GQA and interleaved NeoX layouts are
-  all handled by the layout adapters). Default λ = 10.
-- ``mode="svd"``: per head, W_h = U S Vᵀ → C_h = σ_max(W_h)·U Vᵀ, so κ(W_h + C_h) ≤ 2 (λ only switches it on).
-  C depends on the weights *after* their init scheme: it is computed when the holder is reset (children-first init
-  order: the projections of the block are initialised before the holder) and recomputed by
-  `on_attention_module_initialized` after the block's scheme has rewritten q/k/v.
-
-W_eff = W + C is applied by a forward hook on each projection module adding ``Projection.linear(x, C)`` (one holder,
-``condinit_spectral_<roles>``, per projection module: ``qkv`` for a fused module, ``q``/``k``/``v`` otherwise).
-
-Two entry points: ``config.condinit["spectral_lambda"]`` (+ ``["spectral_mode"]``) at build time (the post_init hook
-calls `hf_condinit.attention.inject`), or `apply_spectral_conditioning` on a built model (it writes the same keys
-into ``config.condinit`` so that ``save_pretrained`` / ``from_pretrained`` restore it).
-"""
+"""Spectral conditioning on a model: attach the holders and hooks, fold C into W or remove it, and check a bf16 copy
+(docs/methods.md §3; what C is: `hf_condinit.attention.spectral`)."""
 
 from __future__ import annotations
 
@@ -26,7 +8,7 @@ import contextlib
 import torch
 from torch import nn
 
-from .spectral_holder import SpectralHolder
+from .holder import SpectralHolder
 
 __all__ = [
     "inject_spectral",
@@ -112,7 +94,7 @@ def _record(config, **updates) -> None:
     stored = getattr(config, "condinit", None)
     if stored is None:
         try:
-            from ..config import CondInitConfig
+            from ...config import CondInitConfig
 
             stored = CondInitConfig(method="default").to_dict()
         except Exception:  # the core package not importable (standalone use)
@@ -139,7 +121,7 @@ def apply_spectral_conditioning(model: nn.Module, lam: float = 10.0, mode: str =
         raise ValueError(f"spectral mode must be 'identity' or 'svd', got {mode!r}.")
     if lam is None or lam < 0:
         raise ValueError(f"spectral lam must be a float >= 0, got {lam!r}.")
-    from ..layouts import get_layout
+    from ...layouts import get_layout
 
     layout = get_layout(model)
     config = model.config

@@ -2,7 +2,7 @@
 
 Attached as ``condinit_spectral_<roles>`` (one holder per projection *module*: ``qkv`` for fused layouts, ``q`` /
 ``k`` / ``v`` for separate ones): a persistent buffer ``C`` shaped like the projection's ``weight``. How the holders
-are attached, merged and removed: `hf_condinit.attention.spectral`.
+are attached, merged and removed: `hf_condinit.attention.spectral.conditioning`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..init.functional import block_identity
-from .holder_base import CondInitHolder, hf_init_fn, is_flagged
+from ...init.functional import block_identity
+from ..holder_base import CondInitHolder, hf_init_fn, is_flagged
 
-__all__ = ["SPECTRAL_OPTIONS", "SpectralHolder"]
-
-#: the condinit options of spectral conditioning, with their defaults (``spectral_lambda=None``: off)
-SPECTRAL_OPTIONS = {"spectral_lambda": None, "spectral_mode": "identity"}
+__all__ = ["SpectralHolder"]
 
 
 class SpectralHolder(CondInitHolder):
@@ -72,7 +69,7 @@ class SpectralHolder(CondInitHolder):
             else:
                 hf_init_fn("copy_")(self.C, C)
 
-    # forward hook of the projection module (registered by `hf_condinit.attention.spectral.inject_spectral`)
+    # forward hook of the projection module (registered by `inject_spectral`)
     def _add_spectral(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         """``output + x·C`` formed in fp32 (or wider) and rounded once to the output's dtype, autocast off: in a
         bf16 / fp16 model (or under autocast) the projection's own ``x·W + b`` is upcast, ``x·C`` is computed in
