@@ -7,10 +7,17 @@ by the coverage table (`hf_condinit.coverage`). What changes (in the config and 
   config shrunk by attribute keeps its full-length ``layer_types``), so the miniature is built from what the user's
   model is, not refused by a validator;
 - layers → 2 (a per-layer list such as ``layer_types`` keeps its first entry and the first entry of another kind,
-  so sliding/global and dense/linear mixes stay mixed);
+  so sliding/global and dense/linear mixes stay mixed); what names layers follows them (`_renumber_layers`): lists
+  of layer indices (``index_layers``, ``kv_source_layers``) and dicts keyed by layer index (``per_layer_config``)
+  keep the kept layers, renumbered, and counts that split the layers into sections (``n_input_layers`` +
+  ``n_recurrent_layers`` + ``n_output_layers``) are rescaled to sum to 2;
 - width → 64, query heads → 4, head dimension → 16 where the config has one; key/value heads keep their relation
   to the query heads (all → 4, one → 1 (MQA), otherwise → 2 (GQA));
 - a rotary dimension (GPT-J, CodeGen) → 8, so rotary stays partial; multimodal RoPE sections rescaled to sum to 8;
+- sizes that a config's validators tie to the others are derived from them (`_derive_dependent`): a per-head width
+  ``d_head`` that was ``d_model / n_head`` stays so; a Mamba mixer's heads → 4 of ``mamba_d_head`` = its inner
+  width (``mamba_d_ssm`` → at most 128, else ``mamba_expand`` × width) / 4, its state → 16; an attention indexer's
+  heads (``index_num_heads``) → at most the query heads per key/value head;
 - feed-forward widths → 128, experts → 4 (2 per token), vocabulary → at most 512 (special token ids past it move to its top),
   sliding windows → 4 tokens (shorter than the 6-token inputs, so they act), images → 32 pixels (at least two
   patches a side).
@@ -42,10 +49,14 @@ _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num
 _TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "num_selected_experts")
 _PER_LAYER_SUFFIXES = ("layer_types", "attention_layers")  # per-layer lists (GPT-Neo's attention_layers)
 _INDEX_LIST_SUFFIXES = ("_idxs", "_layer_ids", "_layer_indices")  # lists of layer indices (LFM2's full_attn_idxs)
+# lists naming layers by index that follow the kept layers (Kolibri's index_layers, kv_source_layers)
+_RENUMBERED_SUFFIXES = ("index_layers", "_source_layers")
+_PER_LAYER_DICT_KEYS = ("per_layer_config",)  # dicts keyed by layer index (NeoMME)
 _ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id", "mask_token_id",
             "decoder_start_token_id", "unk_token_id")
 
 LAYERS, WIDTH, HEADS, HEAD_DIM, FFN, EXPERTS, TOPK, VOCAB, WINDOW, IMAGE = 2, 64, 4, 16, 128, 4, 2, 512, 4, 32
+SSM_STATE = 16  # a Mamba mixer's state size
 
 
 def _is_int(v) -> bool:
@@ -83,12 +94,14 @@ def _fit_layer_lists(d: dict) -> dict:
 
 def _shrink_dict(d: dict) -> dict:
     d = _fit_layer_lists(dict(d))
+    original = dict(d)
     n_layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > 0), None)
     if n_layers is not None and n_layers > LAYERS:
         keep = _layer_pick(n_layers, d.get("layer_types") if isinstance(d.get("layer_types"), list) else None)
         for key, value in list(d.items()):
             if isinstance(value, list) and len(value) == n_layers:
                 d[key] = [value[i] for i in keep]
+        _renumber_layers(d, n_layers, keep)
         for key in _LAYER_KEYS:
             if _is_int(d.get(key)) and d[key] > LAYERS:
                 d[key] = LAYERS
@@ -109,6 +122,7 @@ def _shrink_dict(d: dict) -> dict:
             d[key] = HEAD_DIM
     if "head_dim" in d and d["head_dim"] is None and heads is not None:  # Ministral's default leaves it unset
         d["head_dim"] = HEAD_DIM
+    _derive_dependent(d, original)
     if _is_int(d.get("rotary_dim")) and d["rotary_dim"] > HEAD_DIM // 2:  # GPT-J / CodeGen partial rotary
         d["rotary_dim"] = HEAD_DIM // 2
     for key in _FFN_KEYS:
@@ -141,6 +155,51 @@ def _shrink_dict(d: dict) -> dict:
         elif isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
             d[key] = {**value, "mrope_section": _rescaled(value["mrope_section"], HEAD_DIM // 2)}
     return d
+
+
+def _renumber_layers(d: dict, n_layers: int, keep: list[int]) -> None:
+    """In place: what names layers of ``d`` (``n_layers`` layers) follows the layers ``keep`` (old indices, in
+    order), renumbered 0, 1, …: lists of layer indices (`_RENUMBERED_SUFFIXES`, after per-layer lists were picked)
+    lose the dropped layers, dicts keyed by layer index (`_PER_LAYER_DICT_KEYS`) keep the kept layers' entries, and
+    int counts named ``n_*_layers`` / ``num_*_layers`` that sum to ``n_layers`` (sections of the stack) are rescaled
+    to sum to ``len(keep)`` (largest remainders, ties to the first)."""
+    new = {old: j for j, old in enumerate(keep)}
+    for key, value in list(d.items()):
+        if key.endswith(_RENUMBERED_SUFFIXES) and isinstance(value, list) and all(_is_int(i) for i in value):
+            d[key] = [new[i] for i in value if i in new]
+        elif key in _PER_LAYER_DICT_KEYS and isinstance(value, dict):
+            d[key] = {str(new[int(k)]): v for k, v in value.items() if str(k).isdigit() and int(k) in new}
+    sections = [k for k, v in d.items() if _is_int(v) and k not in _LAYER_KEYS and k.endswith("_layers")
+                and k.startswith(("n_", "num_"))]
+    if len(sections) > 1 and sum(d[k] for k in sections) == n_layers:
+        exact = {k: d[k] * len(keep) / n_layers for k in sections}
+        counts = {k: int(v) for k, v in exact.items()}
+        for k in sorted(sections, key=lambda k: counts[k] - exact[k])[:len(keep) - sum(counts.values())]:
+            counts[k] += 1
+        d.update(counts)
+
+
+def _derive_dependent(d: dict, original: dict) -> None:
+    """In place: the sizes that a config's validators tie to the sizes shrunk independently, derived from them
+    (see the module docstring); a config without them is unchanged."""
+    width = next((d[k] for k in _WIDTH_KEYS if _is_int(d.get(k))), None)
+    heads = next((d[k] for k in _HEAD_KEYS if _is_int(d.get(k))), None)
+    if _is_int(d.get("d_head")) and width and heads \
+            and original["d_head"] * original.get("n_head", 0) == original.get("d_model"):  # XLNet
+        d["d_head"] = width // heads
+    if _is_int(d.get("mamba_n_heads")) and _is_int(d.get("mamba_d_head")) and width:  # Bamba, Falcon-H1, ...
+        if _is_int(d.get("mamba_d_ssm")):
+            d["mamba_d_ssm"] = inner = min(d["mamba_d_ssm"], FFN)
+        else:
+            inner = (d.get("mamba_expand") or 2) * width
+        groups = d.get("mamba_n_groups") if _is_int(d.get("mamba_n_groups")) else 1
+        d["mamba_n_heads"] = n = next(n for n in (HEADS, groups, 1) if inner % n == 0 and n % groups == 0)
+        d["mamba_d_head"] = inner // n
+        if _is_int(d.get("mamba_d_state")):
+            d["mamba_d_state"] = min(d["mamba_d_state"], SSM_STATE)
+    kv = next((d[k] for k in _KV_KEYS if _is_int(d.get(k)) and d[k] > 0), heads)
+    if _is_int(d.get("index_num_heads")) and heads and kv:  # Kolibri's indexer reads one key/value head's queries
+        d["index_num_heads"] = max(1, min(d["index_num_heads"], heads // kv))
 
 
 def _rescaled(sections: list[int], total: int) -> list[int]:
