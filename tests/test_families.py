@@ -66,3 +66,58 @@ def test_families_under_strict_configs_take_conditioned_init(model_type):
     torch.manual_seed(0)
     model = _auto_class(small).from_config(small, dtype=torch.float32, condinit=True)
     assert check_conditioned(model) >= 1
+
+
+# ---------------------------------------------------------------------------------------------- gated attention
+GATED = ["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"]
+
+
+def _gated_miniature(model_type):
+    from hf_condinit.layouts.miniature import build_miniature, miniature_inputs
+
+    config = _default(model_type)
+    model = build_miniature(_auto_class(config)._model_mapping[type(config)], config)
+    return config, model, miniature_inputs(model)
+
+
+@pytest.mark.parametrize("model_type", GATED)
+def test_gated_attention_layout_reads_query_and_gate_from_the_models_forward(model_type):
+    from hf_condinit.layouts import LayoutError, get_layout
+    from hf_condinit.layouts.proof import prove_layout
+    from hf_condinit.layouts.separate import GATE_ORDERS, GatedQuerySeparateLayout
+
+    config, model, inputs = _gated_miniature(model_type)
+    layout = get_layout(model)
+    assert isinstance(layout, GatedQuerySeparateLayout) and layout.gate_order == "per_head"  # view(H, 2d).chunk(2)
+    assert "linear_attention" in model.config.layer_types  # the Gated DeltaNet layers are not attention blocks
+    assert len(layout.attention_modules(model)) == model.config.layer_types.count("full_attention")
+    for order in GATE_ORDERS[1:]:  # every other reading of q_proj fails the proof
+        wrong = GatedQuerySeparateLayout("q_proj", "k_proj", "v_proj", "o_proj", gate_order=order, name=order)
+        with pytest.raises(LayoutError, match="layout proof failed"):
+            prove_layout(model, wrong, inputs)
+
+
+@pytest.mark.parametrize("model_type", GATED)
+def test_gated_attention_conditions_the_query_and_leaves_the_gate_and_linear_mixers_as_hf_builds_them(model_type):
+    from hf_condinit.layouts import get_layout
+
+    small = shrink_config(_default(model_type))
+    auto = _auto_class(small)
+    torch.manual_seed(0)
+    plain = auto.from_config(small, dtype=torch.float32)
+    torch.manual_seed(0)
+    model = auto.from_config(small, dtype=torch.float32, condinit={"method": "conditioned", "seed": 0})
+    assert check_conditioned(model) == small.layer_types.count("full_attention")
+    layout = get_layout(model)
+    written = set()
+    for name, block in layout.attention_modules(model):
+        q = layout.projections(block)["q"]
+        plain_q = plain.get_submodule(name).get_submodule(layout.paths["q"]).weight
+        for gate, plain_gate in zip(q.gate_heads(q.weight), q.gate_heads(plain_q)):
+            assert torch.equal(gate, plain_gate)  # the gate keeps HF's init
+        assert not torch.equal(q.weight, plain_q)  # the query part was written
+        written |= {f"{name}.{layout.paths[r]}.weight" for r in "qkv"}
+    plain_params = dict(plain.named_parameters())
+    for name, p in model.named_parameters():
+        if name not in written:  # Gated DeltaNet, MLP / experts, norms, embeddings: bit-identical
+            assert torch.equal(p, plain_params[name]), name

@@ -7,7 +7,7 @@ from . import table  # noqa: F401  (registers the built-in families)
 from .base import AttentionLayout, HeadGeometry, LayoutError, Projection
 from .detect import get_layout
 from .fused import FusedQKVLayout, Gpt2FusedLayout, InterleavedQKVLayout
-from .separate import SeparateQKVLayout
+from .separate import GatedQuerySeparateLayout, SeparateQKVLayout
 
 __all__ = [
     "AttentionLayout",
@@ -15,6 +15,7 @@ __all__ = [
     "LayoutError",
     "Projection",
     "FusedQKVLayout",
+    "GatedQuerySeparateLayout",
     "Gpt2FusedLayout",
     "InterleavedQKVLayout",
     "SeparateQKVLayout",

@@ -74,6 +74,9 @@ class Projection:
         head_dim: d.
         storage: ``"linear"`` (weight is (out, in)) or ``"conv1d"`` (weight is (in, out)).
         starts: where each head begins on the head axis (None = contiguous from 0).
+        gate_starts: for a query projection that also computes the attention output's gate (gated attention,
+            Qwen3-Next / Qwen3.5: ``attn_out_h ⊙ σ(x·W_G^h)`` before W_O), where each head's d gate columns begin on
+            the same axis; None without a gate. The gate is not part of W_Q: `heads` never includes it.
     """
 
     module: nn.Module
@@ -82,6 +85,7 @@ class Projection:
     head_dim: int
     storage: str
     starts: tuple[int, ...] | None = None
+    gate_starts: tuple[int, ...] | None = None
 
     @property
     def weight(self) -> nn.Parameter:
@@ -109,6 +113,12 @@ class Projection:
         """
         views = [t.narrow(self.head_axis, start, self.head_dim) for start in self._starts()]
         # nn.Linear stores the transpose of the math matrix; Conv1D stores it as is.
+        return [v.t() for v in views] if self.storage == "linear" else views
+
+    def gate_heads(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Per-head writable views of the output gate's part of ``t`` (shaped like `weight`), (D, d) in math
+        orientation like `heads`; empty without a gate."""
+        views = [t.narrow(self.head_axis, start, self.head_dim) for start in self.gate_starts or ()]
         return [v.t() for v in views] if self.storage == "linear" else views
 
     def bias_heads(self, t: torch.Tensor) -> list[torch.Tensor]:
@@ -296,7 +306,7 @@ class AttentionLayout:
             if _full_shape(p.weight)[1 - p.head_axis] != g.hidden:
                 self._shape_error(module, role, p, g)
             key = (id(p.module), p.head_axis)
-            tiled[key] = tiled.get(key, 0) + p.n_heads * g.head_dim
+            tiled[key] = tiled.get(key, 0) + (p.n_heads + len(p.gate_starts or ())) * g.head_dim
         for role, p in projs.items():
             if tiled[(id(p.module), p.head_axis)] != _full_shape(p.weight)[p.head_axis]:
                 self._shape_error(module, role, p, g)

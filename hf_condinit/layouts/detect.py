@@ -8,7 +8,9 @@
    attention (state-space, recurrent and convolutional mixers);
 2. builds a miniature of the same model class (`miniature.build_miniature`: a 2-layer, 64-wide copy of its config);
 3. lists candidate layouts from the names of the attention modules' children (`SEPARATE_NAMES`, `FUSED_NAMES`,
-   `OUTPUT_NAMES`; for fused projections every ordering of `hf_condinit.layouts.fused`);
+   `OUTPUT_NAMES`; for fused projections every ordering of `hf_condinit.layouts.fused`; after each separate
+   candidate, its gated-attention readings, a query projection that also holds the output gate in each of
+   `hf_condinit.layouts.separate.GATE_ORDERS`);
 4. proves each candidate on the miniature (`proof.prove_layout`) and returns the first that passes, with its
    ``core`` (the module that calls the attention function) taken from the proof and ``variant_refusal`` set when the
    attention does not go through HF's attention interface or passes terms the variants do not implement;
@@ -31,7 +33,7 @@ from .base import RUNTIME_VARIANT_CHECKS, AttentionLayout, LayoutError, text_sco
 from .fused import FusedQKVLayout
 from .miniature import build_miniature, miniature_inputs, shrink_config
 from .proof import LayoutProof, prove_layout
-from .separate import SeparateQKVLayout, storage_of
+from .separate import GATE_ORDERS, GatedQuerySeparateLayout, SeparateQKVLayout, storage_of
 
 __all__ = ["get_layout", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout",
            "refusal_reason", "REGISTER_HINT", "proof_refusal", "installed_route_refusal", "variant_trial_refusal",
@@ -121,6 +123,10 @@ def candidate_layouts(model: nn.Module) -> list[AttentionLayout]:
                         seen.add(key)
                         out.append(SeparateQKVLayout(f"{prefix}{q}", f"{prefix}{k}", f"{prefix}{v}", o,
                                                      name=f"auto_separate:{prefix}{q}/{o}"))
+                        out.extend(GatedQuerySeparateLayout(f"{prefix}{q}", f"{prefix}{k}", f"{prefix}{v}", o,
+                                                            gate_order=order,
+                                                            name=f"auto_gated:{prefix}{q}/{o}:{order}")
+                                   for order in GATE_ORDERS)
         for fused in FUSED_NAMES:
             qkv = _projection(module, fused)
             if qkv is None:

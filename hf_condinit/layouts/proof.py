@@ -7,7 +7,11 @@ For every attention block and every head, a random change is written through the
   stay as they were (up to one positive scale per token shared by all of them: a full-width qk-norm, OLMo-2's,
   rescales the other heads when one head's pre-norm values change);
 - W_O's block h: the output projection's output must change by exactly ``out_h · ΔW_O^h``, where ``out_h`` is
-  head h's attention output (B, N, d) as the attention function returned it.
+  head h's attention output (B, N, d) as the attention function returned it;
+- for gated attention (a query projection with ``gate_starts``: ``out_h ⊙ σ(x·W_G^h)`` reaches W_O), gate head h:
+  the attention function's q/k/v must stay as they were and only head h's block of W_O's input may change; W_O's
+  block h must add ``in_h · ΔW_O^h``, with ``in_h`` its input's block h, which must be ``out_h`` scaled
+  elementwise into [0, 1] (the gate).
 
 The check holds whatever the model does between the projections and the attention function (RoPE, partial
 rotary, qk-norm, repeat_kv of GQA/MQA, softcapping, sliding windows). It is independent of the layout code: the
@@ -168,11 +172,12 @@ def _all_configs(config) -> list:
 @dataclass
 class Recording:
     """One forward, per block: the attention ``calls``, the block's float tensor ``inputs`` (None where not found)
-    and the ``o_outputs`` of its output projection, each in call order."""
+    and the ``o_outputs`` (and ``o_inputs``) of its output projection, each in call order."""
 
     calls: list[list[AttentionCall]]
     inputs: list[list[tuple[dict, dict] | None]]
     o_outputs: list[list[torch.Tensor]]
+    o_inputs: list[list[torch.Tensor]] = field(default_factory=list)
 
 
 def _float_inputs(args: tuple, kwargs: dict):
@@ -197,7 +202,7 @@ def record_attention(model: nn.Module, blocks: list[nn.Module], inputs: dict, *,
     """
     batch = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).shape[0]
     state = {"interface": []}
-    rec = Recording([[] for _ in blocks], [[] for _ in blocks], [[] for _ in blocks])
+    rec = Recording([[] for _ in blocks], [[] for _ in blocks], [[] for _ in blocks], [[] for _ in blocks])
     stack: list[tuple[int, _ProductRecorder | None, int]] = []
     handles = []
 
@@ -235,6 +240,7 @@ def record_attention(model: nn.Module, blocks: list[nn.Module], inputs: dict, *,
     def o_hook(i):
         def hook(module, args, output):
             rec.o_outputs[i].append(output.detach())
+            rec.o_inputs[i].append(args[0].detach())
         return hook
 
     for i, block in enumerate(blocks):
@@ -335,15 +341,18 @@ def prove_layout(model: nn.Module, layout: AttentionLayout, inputs: dict, *, see
         base = record_attention(model, blocks, inputs, products=products, o_modules=o_modules)
         pin = all(x is not None for xs in base.inputs for x in xs)
         groups = [list(range(len(blocks)))] if pin else [[i] for i in range(len(blocks))]
+        gated = any(p["q"].gate_starts for p in projs)
         for group in groups:
-            for role in ("q", "k", "v", "o"):
-                for h in range(max(projs[i][role].n_heads for i in group)):
-                    todo = [i for i in group if h < projs[i][role].n_heads]
-                    with _perturbed([projs[i][role] for i in todo], h, gen) as deltas:
+            for role in ("q", "k", "v", "o") + (("gate",) if gated else ()):
+                proj_of = {i: projs[i]["q" if role == "gate" else role] for i in group}
+                for h in range(max(proj_of[i].n_heads for i in group)):
+                    todo = [i for i in group if h < proj_of[i].n_heads]
+                    with _perturbed([proj_of[i] for i in todo], h, gen, gate=role == "gate") as deltas:
                         new = record_attention(model, blocks, inputs, products=products, o_modules=o_modules,
                                                pinned=base.inputs if pin else None)
                     for i, delta in zip(todo, deltas):
-                        _check_block(model, i, role, h, geometries[i], base, new, delta, tol)
+                        _check_block(model, i, role, h, geometries[i], base, new, delta, tol,
+                                     gated=bool(projs[i]["q"].gate_starts), o_starts=projs[i]["o"].starts)
     core = cores.pop() if len(cores) == 1 and via == {"interface"} else None
     return LayoutProof(via="interface" if via == {"interface"} else "tensor_ops", core=core,
                        extra=tuple(sorted(extra)), n_blocks=len(blocks), geometries=geometries)
@@ -357,19 +366,46 @@ def _check_head_counts(model, i, g: HeadGeometry, calls: list[AttentionCall]) ->
             _fail(model, i, f"the model passes {call.key.shape[1]} key/value heads, the layout has {g.n_kv_heads}.")
 
 
-def _check_block(model, i, role, h, g: HeadGeometry, base: Recording, new: Recording, delta, tol) -> None:
+def _check_block(model, i, role, h, g: HeadGeometry, base: Recording, new: Recording, delta, tol, *,
+                 gated: bool = False, o_starts: tuple[int, ...] | None = None) -> None:
     old_calls, new_calls = base.calls[i], new.calls[i]
     if len(new_calls) != len(old_calls):
         _fail(model, i, "the number of attention calls changed with the weights.")
-    if role != "o":
+    if role in ("q", "k", "v"):
         for old, call in zip(old_calls, new_calls):
             _check_head_change(model, i, role, h, g, old, call, tol)
         return
     before, after = base.o_outputs[i], new.o_outputs[i]
     if len(before) != len(old_calls) or len(after) != len(new_calls):
         _fail(model, i, f"the output projection ran {len(after)} times for {len(new_calls)} attention calls.")
-    for call, a, b in zip(new_calls, before, after):
-        expected = call.output[:, h] @ delta.to(call.output.dtype)
+    d = g.head_dim
+    start = o_starts[h] if o_starts is not None else h * d
+
+    def o_input_head(rec: Recording, k: int, head_start: int) -> torch.Tensor:  # (B, N, d)
+        return rec.o_inputs[i][k][..., head_start:head_start + d]
+
+    if role == "gate":
+        for old, call in zip(old_calls, new_calls):
+            for r in ("q", "k", "v"):
+                if not _same_up_to_token_scale(_role_tensor(call, r), _role_tensor(old, r), tol):
+                    _fail(model, i, f"writing gate head {h} through the layout changes the model's {r}.")
+        for k in range(len(new_calls)):
+            heads = [o_starts[j] if o_starts is not None else j * d for j in range(g.n_heads)]
+            for j, js in enumerate(heads):
+                moved = _changed(o_input_head(new, k, js), o_input_head(base, k, js), tol)
+                if moved != (j == h):
+                    _fail(model, i, f"writing gate head {h} through the layout does not gate exactly head {h}'s "
+                                    "output (wrong gate order or offsets).")
+        return
+    for k, (call, a, b) in enumerate(zip(new_calls, before, after)):
+        out_h = call.output[:, h]
+        if gated:
+            gated_h = o_input_head(base, k, start)
+            ratio_ok = (gated_h * out_h >= -tol) & (gated_h.abs() <= out_h.abs() * (1 + tol) + tol)
+            if gated_h.shape != out_h.shape or not bool(ratio_ok.all()):
+                _fail(model, i, f"W_O's input block {h} is not head {h}'s attention output times a gate in [0, 1].")
+            out_h = gated_h
+        expected = out_h @ delta.to(call.output.dtype)
         got = b - a
         if got.shape != expected.shape or not _close(got, expected, 100 * tol):
             _fail(model, i, f"writing W_O's block {h} does not add head {h}'s output times that block to the "
@@ -377,14 +413,14 @@ def _check_block(model, i, role, h, g: HeadGeometry, base: Recording, new: Recor
 
 
 @contextlib.contextmanager
-def _perturbed(projs: list, h: int, gen: torch.Generator):
-    """Add a random (D, d) / (d, D) change to head ``h``'s view of each projection's weight; yield the changes;
-    restore the weights exactly."""
+def _perturbed(projs: list, h: int, gen: torch.Generator, gate: bool = False):
+    """Add a random (D, d) / (d, D) change to head ``h``'s view (its gate's view with ``gate``) of each projection's
+    weight; yield the changes; restore the weights exactly."""
     saved = {id(p.weight): (p.weight, p.weight.detach().clone()) for p in projs}
     deltas = []
     with torch.no_grad():
         for proj in projs:
-            view = proj.heads(proj.weight)[h]
+            view = (proj.gate_heads if gate else proj.heads)(proj.weight)[h]
             delta = torch.randn(view.shape, generator=gen, dtype=torch.float32).to(view)
             view.add_(delta)
             deltas.append(delta)

@@ -6,7 +6,7 @@ from torch import nn
 
 from .base import AttentionLayout, HeadGeometry, LayoutError, Projection
 
-__all__ = ["SeparateQKVLayout", "PerBlockSeparateQKVLayout", "storage_of"]
+__all__ = ["SeparateQKVLayout", "PerBlockSeparateQKVLayout", "GatedQuerySeparateLayout", "GATE_ORDERS", "storage_of"]
 
 
 def storage_of(module: nn.Module) -> str | None:
@@ -83,3 +83,41 @@ class PerBlockSeparateQKVLayout(SeparateQKVLayout):
                                 head_dim=int(getattr(core, "head_dim", q.out_features // n_heads)))
         self._check_shapes(module, geometry)
         return geometry
+
+
+#: How the query and its output gate share the query projection's output axis (H heads of d): ``"per_head"``,
+#: per head ``[q_h; g_h]`` (Qwen3-Next, Qwen3.5: the output is viewed as (H, 2d) and chunked); ``"halves"``,
+#: ``[Q | G]``; each with the gate first instead (``"per_head_gate_first"``, ``"halves_gate_first"``).
+GATE_ORDERS = ("per_head", "halves", "per_head_gate_first", "halves_gate_first")
+
+
+class GatedQuerySeparateLayout(SeparateQKVLayout):
+    """Gated attention: separate q/k/v/o projections where the query projection also computes a per-head output
+    gate, ``out_h ⊙ σ(x·W_G^h)`` before W_O (Qwen3-Next, Qwen3.5). ``gate_order`` (one of `GATE_ORDERS`) says where
+    the query's and the gate's columns lie; the ``"q"`` projection's head views hold the query part only (what the
+    inits write), its ``gate_starts`` the gate part (which keeps the model's own init). The layout proof checks both
+    halves against the model's forward (`hf_condinit.layouts.proof`)."""
+
+    def __init__(self, q: str, k: str, v: str, o: str, gate_order: str = "per_head", core: str = "",
+                 name: str = "gated_separate_qkv", variant_refusal: str | None = None):
+        if gate_order not in GATE_ORDERS:
+            raise ValueError(f"gate_order must be one of {GATE_ORDERS}, got {gate_order!r}")
+        super().__init__(q, k, v, o, core=core, name=name, variant_refusal=variant_refusal)
+        self.gate_order = gate_order
+
+    def _projections(self, module: nn.Module, g: HeadGeometry) -> dict[str, Projection]:
+        projs = super()._projections(module, g)
+        d, H = g.head_dim, g.n_heads
+        if self.gate_order.startswith("per_head"):
+            query, gate = [2 * d * h for h in range(H)], [2 * d * h + d for h in range(H)]
+        else:
+            query, gate = [d * h for h in range(H)], [H * d + d * h for h in range(H)]
+        if self.gate_order.endswith("gate_first"):
+            query, gate = gate, query
+        q = projs["q"]
+        projs["q"] = Projection(q.module, "q", q.n_heads, d, q.storage, starts=tuple(query), gate_starts=tuple(gate))
+        return projs
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(name={self.name!r}, paths={self.paths}, gate_order={self.gate_order!r}, "
+                f"core={self.core!r})")
