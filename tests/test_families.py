@@ -97,27 +97,66 @@ def test_gated_attention_layout_reads_query_and_gate_from_the_models_forward(mod
             prove_layout(model, wrong, inputs)
 
 
-@pytest.mark.parametrize("model_type", GATED)
-def test_gated_attention_conditions_the_query_and_leaves_the_gate_and_linear_mixers_as_hf_builds_them(model_type):
+# hybrids: softmax attention among linear-attention (Gated DeltaNet), state-space (Mamba) or convolution mixers; a
+# config that places attention layers explicitly where the default places none
+HYBRIDS = {"olmo_hybrid": {}, "jamba": {}, "lfm3": {}, "bamba": {"attn_layer_indices": [3, 9]},
+           "granitemoehybrid": {"layer_types": ["mamba"] * 3 + ["attention"] + ["mamba"] * 28}}
+
+
+def _attention_layers(config):
+    kinds = getattr(config, "layer_types", None) or config.layers_block_type
+    return sum(kind not in ("linear_attention", "mamba", "conv") for kind in kinds)
+
+
+@pytest.mark.parametrize("model_type, overrides", [(t, {}) for t in GATED] + list(HYBRIDS.items()),
+                         ids=GATED + list(HYBRIDS))
+def test_attention_layers_are_conditioned_and_every_other_mixer_is_built_as_hf_builds_it(model_type, overrides):
     from hf_condinit.layouts import get_layout
 
-    small = shrink_config(_default(model_type))
+    small = shrink_config(_default(model_type).__class__(**{**_default(model_type).to_dict(), **overrides}))
     auto = _auto_class(small)
     torch.manual_seed(0)
     plain = auto.from_config(small, dtype=torch.float32)
     torch.manual_seed(0)
     model = auto.from_config(small, dtype=torch.float32, condinit={"method": "conditioned", "seed": 0})
-    assert check_conditioned(model) == small.layer_types.count("full_attention")
+    assert 1 <= _attention_layers(small) < small.num_hidden_layers or model_type in GATED
+    assert check_conditioned(model) == _attention_layers(small)
     layout = get_layout(model)
     written = set()
     for name, block in layout.attention_modules(model):
         q = layout.projections(block)["q"]
         plain_q = plain.get_submodule(name).get_submodule(layout.paths["q"]).weight
         for gate, plain_gate in zip(q.gate_heads(q.weight), q.gate_heads(plain_q)):
-            assert torch.equal(gate, plain_gate)  # the gate keeps HF's init
+            assert torch.equal(gate, plain_gate)  # a gate in q_proj keeps HF's init
         assert not torch.equal(q.weight, plain_q)  # the query part was written
         written |= {f"{name}.{layout.paths[r]}.weight" for r in "qkv"}
     plain_params = dict(plain.named_parameters())
     for name, p in model.named_parameters():
-        if name not in written:  # Gated DeltaNet, MLP / experts, norms, embeddings: bit-identical
+        if name not in written:  # linear / state-space / conv mixers, MLP / experts, norms, embeddings
             assert torch.equal(p, plain_params[name]), name
+
+
+@pytest.mark.parametrize("model_type", ["olmo_hybrid", "lfm3"])
+def test_a_hybrids_layout_leaves_the_mixers_with_the_same_names_out(model_type):
+    """OLMo-Hybrid's Gated DeltaNet has q_proj/k_proj/v_proj/o_proj, LFM3's convolution in_proj/out_proj: the
+    layout's blocks are the ones that call HF's attention interface."""
+    from hf_condinit.layouts import get_layout
+
+    config, model, _ = _gated_miniature(model_type)
+    layout = get_layout(model)
+    blocks = layout.attention_modules(model)
+    assert len(blocks) == _attention_layers(model.config)
+    assert all("Attention" in type(m).__name__ for _, m in blocks)
+
+
+def test_a_config_without_attention_layers_is_refused_and_one_with_them_is_not():
+    from transformers import AutoModelForCausalLM
+
+    from hf_condinit.layouts import LayoutError
+
+    default = shrink_config(_default("bamba"))  # attn_layer_indices=None: every layer a Mamba mixer
+    with pytest.raises(LayoutError, match="no softmax-attention layer"):
+        AutoModelForCausalLM.from_config(default, condinit=True)
+    placed = shrink_config(type(default)(**{**_default("bamba").to_dict(), "attn_layer_indices": [3]}))
+    model = AutoModelForCausalLM.from_config(placed, dtype=torch.float32, condinit=True)  # same process
+    assert check_conditioned(model) == 1

@@ -174,13 +174,18 @@ class AttentionLayout:
     ``variant_refusal`` (None, or the reason) says why the attention variants cannot run on this family (its
     attention does not go through HF's attention interface, or it adds terms the variants do not implement).
     ``detected``: made by `hf_condinit.layouts.detect` (proved on a miniature, not in the table): each variant is
-    also tried on a miniature before a real model takes it (`refuse_variant`).
+    also tried on a miniature before a real model takes it (`refuse_variant`). ``block_classes`` (None: every
+    block the names match): the class names of the blocks that are attention blocks, set by detection on a hybrid
+    (softmax attention among linear-attention, state-space or convolution mixers whose modules carry the same
+    names: OLMo-Hybrid's Gated DeltaNet has q_proj/k_proj/v_proj/o_proj, a Mamba mixer in_proj/out_proj), so the
+    other mixers are left alone.
     """
 
     name: str = "base"
     core: str = ""
     variant_refusal: str | None = None
     detected: bool = False
+    block_classes: frozenset[str] | None = None
 
     def _is_attention_block(self, module: nn.Module) -> bool:
         raise NotImplementedError
@@ -236,7 +241,8 @@ class AttentionLayout:
         scope = text_scope(model)
         prefix = f"{scope}." if scope else ""
         return [(name, m) for name, m in model.named_modules()
-                if name.startswith(prefix) and self._is_attention_block(m)]
+                if name.startswith(prefix) and self._is_attention_block(m)
+                and (self.block_classes is None or type(m).__name__ in self.block_classes)]
 
     def core_module(self, module: nn.Module) -> nn.Module:
         """The submodule of attention block ``module`` that runs the attention function."""

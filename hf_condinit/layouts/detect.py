@@ -11,7 +11,8 @@
    `OUTPUT_NAMES`; for fused projections every ordering of `hf_condinit.layouts.fused`; after each separate
    candidate, its gated-attention readings, a query projection that also holds the output gate in each of
    `hf_condinit.layouts.separate.GATE_ORDERS`);
-4. proves each candidate on the miniature (`proof.prove_layout`) and returns the first that passes, with its
+4. proves each candidate on the miniature (`proof.prove_layout`; on a hybrid, only the blocks of the classes that
+   call HF's attention interface, `_restrict_to_softmax_blocks`) and returns the first that passes, with its
    ``core`` (the module that calls the attention function) taken from the proof and ``variant_refusal`` set when the
    attention does not go through HF's attention interface or passes terms the variants do not implement;
 5. builds the miniature once with conditioned init (`init_trial_refusal`): a stack the layout does not reach
@@ -32,7 +33,8 @@ from ..registry import LAYOUTS
 from .base import RUNTIME_VARIANT_CHECKS, AttentionLayout, LayoutError, text_scope
 from .fused import FusedQKVLayout
 from .miniature import build_miniature, miniature_inputs, shrink_config
-from .proof import LayoutProof, prove_layout
+from .proof import LayoutProof, prove_layout, record_attention, register_proof_implementation
+from .proof import PROOF_IMPLEMENTATION, _attn_implementation
 from .separate import GATE_ORDERS, GatedQuerySeparateLayout, SeparateQKVLayout, storage_of
 
 __all__ = ["get_layout", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout",
@@ -62,6 +64,9 @@ NO_SOFTMAX = {
     "xlstm": "an xLSTM recurrent mixer", "recurrent_gemma": "RG-LRU recurrent blocks with local attention",
 }
 
+# layer kinds of hybrid configs (``layer_types`` / ``layers_block_type``) that hold no softmax attention
+NON_SOFTMAX_LAYERS = ("linear_attention", "mamba", "conv", "mlp")
+
 
 def refusal_reason(config) -> str | None:
     """Why a model type can have no layout at all (None when detection may try)."""
@@ -72,6 +77,11 @@ def refusal_reason(config) -> str | None:
                 "shared low-rank latent (kv_lora_rank), so there are no per-head W_K/W_V matrices to condition")
     if model_type in NO_SOFTMAX:
         return f"{model_type} has no softmax attention to condition: its token mixer is {NO_SOFTMAX[model_type]}"
+    kinds = next((k for k in (getattr(text, "layer_types", None), getattr(text, "layers_block_type", None))
+                  if isinstance(k, (list, tuple)) and k), None)
+    if kinds and all(kind in NON_SOFTMAX_LAYERS for kind in kinds):
+        return (f"this {model_type} config has no softmax-attention layer (its layers are "
+                f"{', '.join(sorted(set(kinds)))}): set layer_types (or attn_layer_indices) to place attention layers")
     return None
 
 
@@ -299,6 +309,7 @@ def detect_layout(model: nn.Module, inputs: dict, accept=None) -> tuple[Attentio
     failures = []
     for layout in candidates:
         try:
+            _restrict_to_softmax_blocks(model, layout, inputs)
             proof = prove_layout(model, layout, inputs)
             if proof.core and proof.core != layout.core:  # re-prove with the geometry read from the core module
                 layout.core = proof.core
@@ -321,6 +332,23 @@ def detect_layout(model: nn.Module, inputs: dict, accept=None) -> tuple[Attentio
     )
 
 
+def _restrict_to_softmax_blocks(model: nn.Module, layout: AttentionLayout, inputs: dict) -> None:
+    """On a hybrid, ``layout.block_classes`` := the classes of the blocks that call HF's attention interface in a
+    forward of ``model``, when the names also match blocks of other classes that never call it (a linear-attention,
+    state-space or convolution mixer); unchanged otherwise (every matched block calls it, or none does, or a class
+    does in one block and not in another: the proof decides)."""
+    blocks = layout.attention_modules(model)
+    if not blocks:
+        return
+    register_proof_implementation()
+    with _attn_implementation(model, PROOF_IMPLEMENTATION):
+        rec = record_attention(model, [m for _, m in blocks], inputs, products=False)
+    calling = {type(m).__name__ for (_, m), calls in zip(blocks, rec.calls) if calls}
+    silent = {type(m).__name__ for (_, m), calls in zip(blocks, rec.calls) if not calls}
+    if calling and silent and not calling & silent:
+        layout.block_classes = frozenset(calling)
+
+
 _CACHE: dict[tuple, tuple[AttentionLayout | None, str | None]] = {}
 
 
@@ -341,43 +369,46 @@ def detected_layout(model_or_config) -> AttentionLayout:
     config = getattr(model_or_config, "config", model_or_config)
     model_class = type(model_or_config) if isinstance(model_or_config, nn.Module) else None
     key = (config.model_type, transformers.__version__)
+    reason = refusal_reason(config)  # per config, not cached: a hybrid config may or may not place attention layers
+    if reason:
+        raise LayoutError(f"hf_condinit refuses {config.model_type}: {reason}.")
     if key not in _CACHE:
-        reason = refusal_reason(config)
-        if reason:
-            _CACHE[key] = (None, f"hf_condinit refuses {config.model_type}: {reason}.")
-        else:
-            errors = []
-            for cls in _miniature_classes(config, model_class):
-                try:
-                    mini = build_miniature(cls, config)
-                    inputs = miniature_inputs(mini)
-                    if inputs is None:
-                        raise LayoutError(f"hf_condinit cannot build inputs to prove a layout for {cls.__name__} "
-                                          f"(main input {mini.main_input_name!r}). "
-                                          + REGISTER_HINT.format(model_type=config.model_type))
-                    _CACHE[key] = (detect_layout(mini, inputs, accept=lambda lay: trial_accept(key, config, lay))[0],
-                                   None)
-                    break
-                except LayoutError as err:
-                    errors.append(str(err))
-                except Exception as err:
-                    errors.append(f"hf_condinit could not build a miniature {cls.__name__} to prove a layout for "
-                                  f"model_type={config.model_type!r} ({type(err).__name__}: {err}). "
-                                  + REGISTER_HINT.format(model_type=config.model_type))
-            else:
-                _CACHE[key] = (None, errors[0] if errors else f"no model class for {config.model_type!r}")
+        with torch.random.fork_rng(devices=[]):  # the miniatures' init leaves the caller's random stream as it was
+            _CACHE[key] = _detect_for(config, model_class, key)
     layout, error = _CACHE[key]
     if layout is None:
         raise LayoutError(error)
     return layout
 
 
+def _detect_for(config, model_class, key) -> tuple[AttentionLayout | None, str | None]:
+    """`detected_layout`'s work for one model type: (layout, None), or (None, the refusal)."""
+    errors = []
+    for cls in _miniature_classes(config, model_class):
+        try:
+            mini = build_miniature(cls, config)
+            inputs = miniature_inputs(mini)
+            if inputs is None:
+                raise LayoutError(f"hf_condinit cannot build inputs to prove a layout for {cls.__name__} "
+                                  f"(main input {mini.main_input_name!r}). "
+                                  + REGISTER_HINT.format(model_type=config.model_type))
+            return detect_layout(mini, inputs, accept=lambda lay: trial_accept(key, config, lay))[0], None
+        except LayoutError as err:
+            errors.append(str(err))
+        except Exception as err:
+            errors.append(f"hf_condinit could not build a miniature {cls.__name__} to prove a layout for "
+                          f"model_type={config.model_type!r} ({type(err).__name__}: {err}). "
+                          + REGISTER_HINT.format(model_type=config.model_type))
+    return None, errors[0] if errors else f"no model class for {config.model_type!r}"
+
+
 def _runtime_variant_refusal(layout: AttentionLayout, config, implementation: str | None) -> str | None:
     """`AttentionLayout.refuse_variant`'s checks that build models: `installed_route_refusal`, then, for a detected
     family and a named ``implementation``, `variant_trial_refusal`."""
-    reason = installed_route_refusal(layout, config)
-    if reason is None and implementation is not None and layout.detected:
-        reason = variant_trial_refusal(config, implementation)
+    with torch.random.fork_rng(devices=[]):  # the miniatures' init leaves the caller's random stream as it was
+        reason = installed_route_refusal(layout, config)
+        if reason is None and implementation is not None and layout.detected:
+            reason = variant_trial_refusal(config, implementation)
     return reason
 
 

@@ -50,7 +50,7 @@ _TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "num_selected_experts")
 _PER_LAYER_SUFFIXES = ("layer_types", "attention_layers")  # per-layer lists (GPT-Neo's attention_layers)
 _INDEX_LIST_SUFFIXES = ("_idxs", "_layer_ids", "_layer_indices")  # lists of layer indices (LFM2's full_attn_idxs)
 # lists naming layers by index that follow the kept layers (Kolibri's index_layers, kv_source_layers)
-_RENUMBERED_SUFFIXES = ("index_layers", "_source_layers")
+_RENUMBERED_SUFFIXES = ("index_layers", "_source_layers", "attn_layer_indices", "hybrid_layer_ids")
 _PER_LAYER_DICT_KEYS = ("per_layer_config",)  # dicts keyed by layer index (NeoMME)
 _ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id", "mask_token_id",
             "decoder_start_token_id", "unk_token_id")
@@ -70,6 +70,21 @@ def _layer_pick(n_layers: int, types: list | None) -> list[int]:
         if other is not None:
             return [0, other]
     return list(range(min(LAYERS, n_layers)))
+
+
+def _layer_kinds(d: dict, n_layers: int) -> list | None:
+    """Each layer's kind, as the config says it: ``layer_types``, else ``layers_block_type`` (Zamba), else
+    attention at ``attn_layer_indices`` (Bamba) or every ``attn_layer_period`` layers from ``attn_layer_offset``
+    (Jamba); None when it does not say."""
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(d.get(key), list):
+            return d[key]
+    if isinstance(d.get("attn_layer_indices"), list):
+        return ["attention" if i in d["attn_layer_indices"] else "other" for i in range(n_layers)]
+    period, offset = d.get("attn_layer_period"), d.get("attn_layer_offset")
+    if _is_int(period) and _is_int(offset) and period > 0:
+        return ["attention" if i % period == offset else "other" for i in range(n_layers)]
+    return None
 
 
 def _fit_layer_lists(d: dict) -> dict:
@@ -97,7 +112,7 @@ def _shrink_dict(d: dict) -> dict:
     original = dict(d)
     n_layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > 0), None)
     if n_layers is not None and n_layers > LAYERS:
-        keep = _layer_pick(n_layers, d.get("layer_types") if isinstance(d.get("layer_types"), list) else None)
+        keep = _layer_pick(n_layers, _layer_kinds(d, n_layers))
         for key, value in list(d.items()):
             if isinstance(value, list) and len(value) == n_layers:
                 d[key] = [value[i] for i in keep]
@@ -169,6 +184,10 @@ def _renumber_layers(d: dict, n_layers: int, keep: list[int]) -> None:
             d[key] = [new[i] for i in value if i in new]
         elif key in _PER_LAYER_DICT_KEYS and isinstance(value, dict):
             d[key] = {str(new[int(k)]): v for k, v in value.items() if str(k).isdigit() and int(k) in new}
+    period, offset = d.get("attn_layer_period"), d.get("attn_layer_offset")
+    if _is_int(period) and _is_int(offset) and period > 0 and offset >= len(keep) and len(keep) == 2 \
+            and keep[1] % period == offset:  # Jamba, Zamba: the kept attention layer is the second
+        d["attn_layer_period"], d["attn_layer_offset"] = 2, 1
     sections = [k for k, v in d.items() if _is_int(v) and k not in _LAYER_KEYS and k.endswith("_layers")
                 and k.startswith(("n_", "num_"))]
     if len(sections) > 1 and sum(d[k] for k in sections) == n_layers:

@@ -7,11 +7,11 @@ For every attention block and every head, a random change is written through the
   stay as they were (up to one positive scale per token shared by all of them: a full-width qk-norm, OLMo-2's,
   rescales the other heads when one head's pre-norm values change);
 - W_O's block h: the output projection's output must change by exactly ``out_h · ΔW_O^h``, where ``out_h`` is
-  head h's attention output (B, N, d) as the attention function returned it;
-- for gated attention (a query projection with ``gate_starts``: ``out_h ⊙ σ(x·W_G^h)`` reaches W_O), gate head h:
-  the attention function's q/k/v must stay as they were and only head h's block of W_O's input may change; W_O's
-  block h must add ``in_h · ΔW_O^h``, with ``in_h`` its input's block h, which must be ``out_h`` scaled
-  elementwise into [0, 1] (the gate).
+  head h's attention output (B, N, d) as the attention function returned it; where the model gates that output
+  before W_O (``out_h ⊙ σ(·)``: Qwen3-Next, Qwen3.5, LFM3), ``out_h`` is W_O's input block h instead, which must
+  be head h's attention output scaled elementwise into [0, 1];
+- for a query projection that also holds the gate (``gate_starts``), gate head h: the attention function's q/k/v
+  must stay as they were and only head h's block of W_O's input may change.
 
 The check holds whatever the model does between the projections and the attention function (RoPE, partial
 rotary, qk-norm, repeat_kv of GQA/MQA, softcapping, sliding windows). It is independent of the layout code: the
@@ -352,7 +352,7 @@ def prove_layout(model: nn.Module, layout: AttentionLayout, inputs: dict, *, see
                                                pinned=base.inputs if pin else None)
                     for i, delta in zip(todo, deltas):
                         _check_block(model, i, role, h, geometries[i], base, new, delta, tol,
-                                     gated=bool(projs[i]["q"].gate_starts), o_starts=projs[i]["o"].starts)
+                                     o_starts=projs[i]["o"].starts)
     core = cores.pop() if len(cores) == 1 and via == {"interface"} else None
     return LayoutProof(via="interface" if via == {"interface"} else "tensor_ops", core=core,
                        extra=tuple(sorted(extra)), n_blocks=len(blocks), geometries=geometries)
@@ -367,7 +367,7 @@ def _check_head_counts(model, i, g: HeadGeometry, calls: list[AttentionCall]) ->
 
 
 def _check_block(model, i, role, h, g: HeadGeometry, base: Recording, new: Recording, delta, tol, *,
-                 gated: bool = False, o_starts: tuple[int, ...] | None = None) -> None:
+                 o_starts: tuple[int, ...] | None = None) -> None:
     old_calls, new_calls = base.calls[i], new.calls[i]
     if len(new_calls) != len(old_calls):
         _fail(model, i, "the number of attention calls changed with the weights.")
@@ -399,12 +399,12 @@ def _check_block(model, i, role, h, g: HeadGeometry, base: Recording, new: Recor
         return
     for k, (call, a, b) in enumerate(zip(new_calls, before, after)):
         out_h = call.output[:, h]
-        if gated:
-            gated_h = o_input_head(base, k, start)
-            ratio_ok = (gated_h * out_h >= -tol) & (gated_h.abs() <= out_h.abs() * (1 + tol) + tol)
-            if gated_h.shape != out_h.shape or not bool(ratio_ok.all()):
+        in_h = o_input_head(base, k, start)
+        if not _close(in_h, out_h, tol):  # an output gate between the attention and W_O
+            gate_ok = (in_h * out_h >= -tol) & (in_h.abs() <= out_h.abs() * (1 + tol) + tol)
+            if in_h.shape != out_h.shape or not bool(gate_ok.all()):
                 _fail(model, i, f"W_O's input block {h} is not head {h}'s attention output times a gate in [0, 1].")
-            out_h = gated_h
+            out_h = in_h
         expected = out_h @ delta.to(call.output.dtype)
         got = b - a
         if got.shape != expected.shape or not _close(got, expected, 100 * tol):
