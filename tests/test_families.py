@@ -160,3 +160,21 @@ def test_a_config_without_attention_layers_is_refused_and_one_with_them_is_not()
     placed = shrink_config(type(default)(**{**_default("bamba").to_dict(), "attn_layer_indices": [3]}))
     model = AutoModelForCausalLM.from_config(placed, dtype=torch.float32, condinit=True)  # same process
     assert check_conditioned(model) == 1
+
+
+def test_configs_shrunk_by_attribute_keep_their_verdict_for_the_layers_the_model_has():
+    """``cfg.num_hidden_layers = 2`` by hand keeps the full ``layer_types`` / index lists: the model has the first 2
+    layers only, so Kolibri's indexer list loses the layers past them, and a hybrid whose first 2 layers are all
+    linear mixers has no softmax attention, said so (not a miniature that its validator refuses)."""
+    from hf_condinit.layouts import LayoutError
+    from hf_condinit.layouts.miniature import shrink_by_attribute
+
+    config = shrink_by_attribute(_default("kolibri1_1"))
+    assert max(config.index_layers) >= config.num_hidden_layers
+    model = _auto_class(config).from_config(config, dtype=torch.float32, condinit=True)
+    assert check_conditioned(model) == 2
+    config = shrink_by_attribute(_default("olmo_hybrid"))
+    assert "full_attention" in config.layer_types
+    assert "full_attention" not in config.layer_types[:config.num_hidden_layers]
+    with pytest.raises(LayoutError, match="no softmax-attention layer"):
+        _auto_class(config).from_config(config, condinit=True)

@@ -79,6 +79,9 @@ def refusal_reason(config) -> str | None:
         return f"{model_type} has no softmax attention to condition: its token mixer is {NO_SOFTMAX[model_type]}"
     kinds = next((k for k in (getattr(text, "layer_types", None), getattr(text, "layers_block_type", None))
                   if isinstance(k, (list, tuple)) and k), None)
+    n_layers = getattr(text, "num_hidden_layers", None)
+    if kinds and isinstance(n_layers, int) and n_layers > 0:
+        kinds = kinds[:n_layers]  # layer i reads entry i (a config shrunk by attribute keeps the full list)
     if kinds and all(kind in NON_SOFTMAX_LAYERS for kind in kinds):
         return (f"this {model_type} config has no softmax-attention layer (its layers are "
                 f"{', '.join(sorted(set(kinds)))}): set layer_types (or attn_layer_indices) to place attention layers")

@@ -102,7 +102,8 @@ def _fit_layer_lists(d: dict) -> dict:
     for key, value in list(d.items()):
         if isinstance(value, list) and value and len(value) in lengths:
             d[key] = [value[i % len(value)] for i in range(n_layers)]
-        elif key.endswith(_INDEX_LIST_SUFFIXES) and isinstance(value, list) and all(_is_int(i) for i in value):
+        elif key.endswith(_INDEX_LIST_SUFFIXES + _RENUMBERED_SUFFIXES) and isinstance(value, list) \
+                and all(_is_int(i) for i in value):
             d[key] = [i for i in value if i < n_layers]
     return d
 
