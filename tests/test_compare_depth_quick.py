@@ -286,8 +286,10 @@ def test_depth_fixed_flags_exit_2(tmp_path, capsys, extra, says):
     if extra[0] == "--device" and torch.cuda.is_available():
         pytest.skip("a GPU is there: --device cuda is not an error")
     compare, _ = _modules()
+    text = tmp_path / "text.txt"  # data of its own: the flag under test is checked, not ../shared/data's presence
+    text.write_text("a line of text\n" * 100)
     with pytest.raises(SystemExit) as err:
-        compare.main(["--depth-sweep", "--quick", "--out", str(tmp_path / "never")] + extra)
+        compare.main(["--depth-sweep", "--quick", "--out", str(tmp_path / "never"), "--data", str(text)] + extra)
     assert err.value.code == 2
     msg = capsys.readouterr().err.strip().splitlines()
     assert len(msg) == 1 and says in msg[0]

@@ -220,7 +220,7 @@ def test_condition_number_logging(ts_file, tmp_path):
 
 
 @pytest.fixture
-def no_work(monkeypatch):
+def no_work(monkeypatch, deepspeed_in_process):
     """Fail the test if a bad-input run gets as far as tokenizer training or model construction."""
 
     def boom(*a, **k):
@@ -229,11 +229,6 @@ def no_work(monkeypatch):
     monkeypatch.setattr(run_clm, "train_bpe_tokenizer", boom)
     monkeypatch.setattr(run_clm.AutoModelForCausalLM, "from_config", boom)
     monkeypatch.setattr(run_clm, "load_raw_datasets", boom)
-    saved = dict(os.environ)  # `--deepspeed` without a launcher sets RANK/WORLD_SIZE/...: do not leak them
-    yield
-    unset_hf_deepspeed_config()
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def test_bad_input_errors(tmp_path, no_work):
@@ -284,17 +279,8 @@ def test_bad_input_errors(tmp_path, no_work):
         assert not (tmp_path / "out").exists()
 
 
-@pytest.fixture
-def restore_env():
-    """``--deepspeed`` without a launcher sets RANK/WORLD_SIZE/...: do not leak them to other tests."""
-    saved = dict(os.environ)
-    yield
-    unset_hf_deepspeed_config()
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-def test_bad_data_gets_one_line_naming_the_file_and_leaves_nothing(tmp_path, capsys, monkeypatch, restore_env):
+def test_bad_data_gets_one_line_naming_the_file_and_leaves_nothing(tmp_path, capsys, monkeypatch,
+                                                                 deepspeed_in_process):
     """Issue 11 items 13 and 14: random bytes, a 5-line file, a malformed DeepSpeed JSON and a JSONL with too few
     tokens each print one line naming the file, exit 2, build no model and leave no output folder."""
 
@@ -335,7 +321,7 @@ def test_a_real_bug_keeps_its_traceback(monkeypatch):
         run_main(run_clm.main, [], prog="run_clm.py")
 
 
-def test_deepspeed_without_accelerator_takes_the_cpu_path(tmp_path, capsys, restore_env):
+def test_deepspeed_without_accelerator_takes_the_cpu_path(tmp_path, capsys, deepspeed_in_process):
     """Issue 11 item 15: without --use_cpu on a machine with no GPU, DeepSpeed failed on a batch-size mismatch."""
     from hf_condinit.scripts_common import has_accelerator
 

@@ -6,8 +6,10 @@ import json
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
+import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +18,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
 
 import hf_condinit  # noqa: F401
 from hf_condinit.callbacks import NonFiniteLossCallback, NonFiniteLossError
+from hf_condinit.callbacks.preemption import SIGNALS
 from hf_condinit.config import CondInitConfig, check_options_apply
 from hf_condinit.scripts_common import CondInitTrainer, UsageError, find_last_checkpoint, run_main, user_errors
 
@@ -159,8 +162,11 @@ def test_non_finite_loss_stops_the_run_with_an_error(tmp_path, nan_filter):
     assert any(isinstance(cb, NonFiniteLossCallback) for cb in trainer.callback_handler.callbacks)
     with torch.no_grad():
         trainer.model.transformer.h[0].attn.c_attn.weight.fill_(float("nan"))
+    handlers = {s: signal.getsignal(s) for s in SIGNALS}
     with pytest.raises(NonFiniteLossError, match=r"(loss|grad_norm) became nan at step 1"):
         trainer.train()
+    # the error skipped on_train_end: the preemption handlers go all the same (a notebook's next Ctrl-C is its own)
+    assert {s: signal.getsignal(s) for s in SIGNALS} == handlers
 
 
 def test_a_signal_makes_train_raise_instead_of_returning(tmp_path):
@@ -168,8 +174,6 @@ def test_a_signal_makes_train_raise_instead_of_returning(tmp_path):
     ``train()`` return as if the run were finished (the stock Trainer returns once the callback stops it, and the
     script would save the partly trained model as the result). It raises ``TrainingPreempted`` naming the complete
     checkpoint it saved; an undisturbed ``train()`` returns as before."""
-    import signal
-
     from hf_condinit.callbacks import TrainingPreempted
     from hf_condinit.scripts.checkpoints import check_checkpoint
 
@@ -187,6 +191,70 @@ def test_a_signal_makes_train_raise_instead_of_returning(tmp_path):
     assert stop.value.checkpoint == str(tmp_path / "t" / "checkpoint-1")
     assert check_checkpoint(stop.value.checkpoint) is None
     assert _tiny_trainer(tmp_path / "again").train().global_step == 3
+
+
+# A tiny CondInitTrainer run whose second step ends in a Ctrl-C (SIGINT to this process), as a user's would.
+CTRL_C_AT_STEP_2 = textwrap.dedent("""
+    import os, signal, torch
+    from transformers import AutoModelForCausalLM, GPT2Config, TrainerCallback, TrainingArguments
+    from hf_condinit.scripts_common import CondInitTrainer
+
+    class CtrlC(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    def train(out):
+        cfg = GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=32, bos_token_id=0,
+                         eos_token_id=0)
+        data = [{"input_ids": torch.arange(8) % 32, "labels": torch.arange(8) % 32} for _ in range(16)]
+        args = TrainingArguments(output_dir=out, use_cpu=True, report_to="none", max_steps=1000, save_strategy="no",
+                                 per_device_train_batch_size=4, disable_tqdm=True)
+        CondInitTrainer(model=AutoModelForCausalLM.from_config(cfg), args=args, train_dataset=data,
+                        callbacks=[CtrlC()]).train()
+""")
+
+
+def test_ctrl_c_stops_the_test_session(tmp_path):
+    """A user's Ctrl-C during a test that trains in this process ends the pytest session (KeyboardInterrupt, exit
+    code 2, the next test never starts) rather than being taken as a preemption (a checkpoint, a failed test, and the
+    session going on). The session loads this folder's conftest.py, as README's test command does."""
+    test_file = tmp_path / "test_ctrl_c.py"
+    test_file.write_text(CTRL_C_AT_STEP_2 + textwrap.dedent("""
+        def test_trains():
+            train(os.environ["RUN_DIR"])
+
+        def test_next():
+            open(os.environ["NEXT_TEST_RAN"], "w").close()
+    """))
+    env = dict(os.environ, RUN_DIR=str(tmp_path / "run"), NEXT_TEST_RAN=str(tmp_path / "next"),
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           "--rootdir", str(tmp_path), str(test_file)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "KeyboardInterrupt" in proc.stdout and not (tmp_path / "next").exists()
+    assert not (tmp_path / "run" / "checkpoint-2").exists()  # what the preemption would have saved
+
+
+def test_ctrl_c_in_a_script_still_saves_and_stops(tmp_path):
+    """Outside pytest a first Ctrl-C during ``train()`` is a preemption, as docs/pretraining.md says: a checkpoint at
+    the end of that step, then ``TrainingPreempted`` naming it."""
+    script = CTRL_C_AT_STEP_2 + textwrap.dedent("""
+        import sys
+        from hf_condinit.callbacks import TrainingPreempted
+        try:
+            train(sys.argv[1])
+        except TrainingPreempted as stop:
+            print("stopped:", stop.signal_name, stop.step, stop.checkpoint)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", script, str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == f"stopped: SIGINT 2 {out / 'checkpoint-2'}"
+    assert sorted(os.listdir(out)) == ["checkpoint-2"]
 
 
 def test_non_finite_callback_reads_every_loss_key():

@@ -42,7 +42,9 @@ class TrainingPreempted(Exception):
 class PreemptionCallback(TrainerCallback):
     """Turn SIGTERM / SIGINT / SIGUSR1 during ``trainer.train()`` into a checkpoint and a clean stop.
 
-    The handlers are installed when training begins (main thread only) and the previous ones restored when it ends.
+    The handlers are installed when training begins (main thread only) and the previous ones restored when it ends
+    (:meth:`restore_handlers`, which :class:`~hf_condinit.scripts.trainer.CondInitTrainer` also calls when training
+    ends in an exception).
     ``received`` names the first signal (``None`` until one arrives); ``stopped_early(state)`` says whether training
     ended on it before ``max_steps``."""
 
@@ -69,6 +71,12 @@ class PreemptionCallback(TrainerCallback):
             self._previous = {}
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.restore_handlers()
+
+    def restore_handlers(self) -> None:
+        """Put back the handlers that were there before training began (a no-op when none are installed). Training
+        that ends in an exception never reaches ``on_train_end``: its caller calls this, or the next Ctrl-C of a
+        notebook would still go to this callback's flag."""
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous = {}

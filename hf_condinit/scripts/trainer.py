@@ -69,10 +69,13 @@ class CondInitTrainer(_Trainer):
         """The stock ``train``. When a signal stopped it before its last step, raise
         :class:`hf_condinit.callbacks.TrainingPreempted` (naming the checkpoint it saved) instead of returning as
         the stock Trainer does: code after ``train()`` would otherwise save and evaluate the partly trained model as
-        the run's result."""
+        the run's result. However it ends, the signal handlers of ``self.preemption`` end with it."""
         from ..callbacks import TrainingPreempted
 
-        result = super().train(*args, **kwargs)
+        try:
+            result = super().train(*args, **kwargs)
+        finally:  # an exception skips on_train_end: the signal handlers must not outlive train() all the same
+            self.preemption.restore_handlers()
         if self.preemption.stopped_early(self.state):
             saved = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             raise TrainingPreempted(self.preemption.received, saved, self.state.global_step, self.state.max_steps)
