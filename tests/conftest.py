@@ -18,30 +18,11 @@ from utils import TINYSTORIES, require  # noqa: E402
 transformers.logging.set_verbosity_error()
 
 
-@pytest.fixture(autouse=True)
-def _hooks_installed():
-    """Tests that uninstall the hooks must not leak that state to the next test."""
-    yield
-    hf_condinit.hooks.install()
-
-
-@pytest.fixture(autouse=True)
-def _ctrl_c_stops_the_tests(monkeypatch):
-    """Under pytest, a run trained in this process leaves SIGINT alone: the preemption callback takes SIGTERM and
-    SIGUSR1 only, so a user's Ctrl-C stops the test session (pytest's KeyboardInterrupt: a summary, exit code 2)
-    instead of saving the test's run and going on with the next test. A script's or notebook's own Ctrl-C (SIGINT
-    included) is tested in a subprocess, where this fixture does not reach."""
-    import signal
-
-    from hf_condinit.callbacks import preemption
-
-    monkeypatch.setattr(preemption, "SIGNALS", tuple(s for s in preemption.SIGNALS if s != signal.SIGINT))
-
-
-#: Variables a library sets for itself once per process (pytest's current test; DeepSpeed's import; torch inductor's
-#: cache folders on the first compile): not a test's doing, and the same for every later test.
-PROCESS_OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_",
-                         "TRITON_")
+#: Variables (or prefixes) a library sets for itself once per process: pytest's current test, DeepSpeed's and
+#: scikit-learn's imports, torch inductor's cache folders on the first compile. Not a test's doing, and the same for
+#: every later test.
+PROCESS_OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "PYTORCH_NVML_BASED_CUDA_CHECK", "KMP_DUPLICATE_LIB_OK",
+                         "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")
 
 
 def _process_state() -> dict:
@@ -53,7 +34,8 @@ def _process_state() -> dict:
 
     return {
         "environment variables": {k: v for k, v in os.environ.items() if not k.startswith(PROCESS_OWN_VARIABLES)},
-        "signal handlers": {s.name: signal.getsignal(s) for s in signal.valid_signals() if isinstance(s, signal.Signals)},
+        "signal handlers": {s.name: signal.getsignal(s) for s in signal.valid_signals()
+                            if isinstance(s, signal.Signals)},
         "a process group": dist.is_available() and dist.is_initialized(),
         "the working directory": os.getcwd(),
     }
@@ -96,12 +78,36 @@ def _no_leaked_process_state():
     ``init_process_group`` fail; a launcher variable (``LOCAL_RANK`` & co., which an in-process DeepSpeed set-up
     writes) makes a later test's script subprocess start as a rank of a distributed job; a signal handler left
     installed takes a later Ctrl-C. What a test left is put back, and the test errors at teardown naming it, so the
-    leak shows where it happens instead of in whichever test runs next."""
+    leak shows where it happens instead of in whichever test runs next. The first fixture of every test: what the
+    test's own fixtures restore (``monkeypatch``) is restored before this looks."""
     before = _process_state()
     yield
     leaks = _restore(before, _process_state())
     if leaks:
         pytest.fail("the test left process-wide state behind: " + "; ".join(leaks), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_stops_the_tests():
+    """Under pytest, a run trained in this process leaves SIGINT alone: the preemption callback takes SIGTERM and
+    SIGUSR1 only, so a user's Ctrl-C stops the test session (pytest's KeyboardInterrupt: a summary, exit code 2)
+    instead of saving the test's run and going on with the next test. A script's or notebook's own Ctrl-C (SIGINT
+    included) is tested in a subprocess, where this fixture does not reach."""
+    import signal
+
+    from hf_condinit.callbacks import preemption
+
+    signals = preemption.SIGNALS
+    preemption.SIGNALS = tuple(s for s in signals if s != signal.SIGINT)
+    yield
+    preemption.SIGNALS = signals
+
+
+@pytest.fixture(autouse=True)
+def _hooks_installed():
+    """Tests that uninstall the hooks must not leak that state to the next test."""
+    yield
+    hf_condinit.hooks.install()
 
 
 @pytest.fixture

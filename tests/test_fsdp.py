@@ -416,6 +416,7 @@ def test_fsdp2_set_up_by_version(monkeypatch, tmp_path):
     import accelerate
     from packaging.version import Version
 
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")  # the arguments set it: restored after the test
     fsdp2 = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", fsdp=True,
                               fsdp_config=FSDP_CONFIGS["gpt2-472m"])
     installed = Version(accelerate.__version__).release[:2]

@@ -25,7 +25,9 @@ from transformers import AutoModelForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 import hf_condinit  # noqa: F401
+from hf_condinit.attention.compile_guard import COMPILE_MIN_TORCH
 from hf_condinit.lm_head import _MaskPaddedLogits, chunked_lm_head_loss, pad_vocabulary, use_chunked_lm_head_loss
+from hf_condinit.scripts_common import with_causal_loss_type
 from utils import mini_config
 
 V, REAL, D = 50, 40, 16
@@ -116,6 +118,35 @@ def test_chunked_training_forward_equals_the_stock_forward(model_type):
         out, ref = chunked(input_ids=ids, labels=labels), stock(input_ids=ids, labels=labels)
     torch.testing.assert_close(out.logits, ref.logits)  # evaluation: the stock forward
     torch.testing.assert_close(out.loss, ref.loss)
+
+
+@pytest.mark.skipif(torch.__version__ < COMPILE_MIN_TORCH, reason="dynamo of torch < 2.7 cannot trace the forward")
+def test_the_named_loss_keeps_a_whole_model_compile_in_one_graph():
+    """GPT-2's class name (``GPT2LMHeadModel``) names no loss: transformers falls back to ``ForCausalLMLoss`` after a
+    ``logger.warning_once`` inside the forward, which a whole-model ``torch.compile`` cannot trace (a graph break per
+    traced forward). Named as the scripts and gpu_check build it (``with_causal_loss_type``), the same loss and
+    gradients come out of one graph with no break; a ``*ForCausalLM`` class keeps its own name."""
+    from torch._dynamo.utils import counters
+
+    stock = _mini("gpt2").eval()
+    assert stock.loss_type is None and _mini("llama").loss_type == "ForCausalLM"
+    named = with_causal_loss_type(copy.deepcopy(stock))
+    assert named.loss_type == "ForCausalLM" and with_causal_loss_type(_mini("llama")).loss_type == "ForCausalLM"
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(1))
+    batch = dict(input_ids=ids, labels=ids)
+    ref_loss, ref_grads = _loss_and_grads(stock, batch)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        loss, grads = _loss_and_grads(torch.compile(named, backend="eager"), batch)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] == 1
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    assert {n.removeprefix("_orig_mod."): g for n, g in grads.items()}.keys() == ref_grads.keys()
+    for (name, grad), ref in zip(grads.items(), ref_grads.values()):
+        torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_chunked_loss_refuses_transformed_logits():

@@ -5,8 +5,8 @@
   saved model reports the padded rows in ``config.vocab_size``, the tokenizer its own size, and suppresses the padded
   ids in ``generation_config``;
 - HF's own levers are taken as they are: ``--torch_compile`` (whole model) + ``--optim adamw_torch_fused`` with both
-  levers above trains compiled without a graph break, with a fused AdamW; ``--tf32`` sets torch's TF32 precision
-  where CUDA has it and is one line and exit 2 where it does not;
+  levers above trains compiled without a graph break, with a fused AdamW, and so does the model's own loss without
+  them; ``--tf32`` sets torch's TF32 precision where CUDA has it and is one line and exit 2 where it does not;
 - what a lever cannot take is refused before any work: ``--lm_head_ce chunked`` under ZeRO-3, or for a model whose
   logits are transformed after the head.
 """
@@ -105,6 +105,26 @@ def test_hf_levers_whole_model_compile_and_fused_adamw_with_both_levers(tmp_path
         optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
         assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is True
     assert _losses(tmp_path / "compiled") == pytest.approx(_losses(tmp_path / "eager"), rel=1e-5)
+
+
+@pytest.mark.skipif(TORCH < COMPILE_MIN_TORCH, reason="dynamo of torch < 2.7 cannot trace transformers' forward")
+def test_whole_model_compile_of_the_models_own_loss_has_no_graph_break(tmp_path):
+    """``--torch_compile`` (whole model) of the default run, no lever: the model's own loss (GPT-2's, which
+    transformers reaches through a logged fallback unless the model names it) traces without a graph break."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        run_clm.main(_args(tmp_path, "compiled", "--do_train", "--torch_compile", "--torch_compile_backend",
+                           "aot_eager"))
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] >= 1
+    finally:
+        torch._dynamo.reset()
+        for var in ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_MODE"):  # set by TrainingArguments
+            os.environ.pop(var, None)
 
 
 def test_tf32_flag_sets_torchs_tf32_precision_where_cuda_has_it(tmp_path, monkeypatch):

@@ -149,6 +149,7 @@ def train_arm(torch, arm: Arm, seq: int, warmup: int, measured: int, device, smo
     from hf_condinit.callbacks import add_throughput_callback
     from hf_condinit.lm_head import pad_vocabulary, use_chunked_lm_head_loss
     from hf_condinit.perf import model_flops_shape, training_flops
+    from hf_condinit.scripts_common import with_causal_loss_type
 
     t_arm = time.time()
     levers = arm.levers
@@ -157,7 +158,7 @@ def train_arm(torch, arm: Arm, seq: int, warmup: int, measured: int, device, smo
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
+        model = with_causal_loss_type(AutoModelForCausalLM.from_config(config, **kwargs))  # as run_clm.py builds it
         if levers.pad_vocab:
             pad_vocabulary(model, real_vocab, levers.pad_vocab)
     sync(torch, device)

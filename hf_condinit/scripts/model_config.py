@@ -132,7 +132,9 @@ def with_causal_loss_type(model):
     """Set ``model.loss_type = "ForCausalLM"`` where transformers leaves it ``None`` (5.24 derives it from the class
     name, and ``GPT2LMHeadModel`` has no ``ForCausalLM`` in it). Without it the ``Trainer`` counts all N labels of a
     row in ``num_items_in_batch`` instead of the N − 1 shifted targets, so its training and evaluation losses are
-    (N − 1)/N times the mean next-token cross-entropy (1.6 % low at N = 64)."""
+    (N − 1)/N times the mean next-token cross-entropy (1.6 % low at N = 64); and every forward with labels reaches the
+    loss through ``logger.warning_once`` ("``loss_type=None`` ... unrecognized"), which a whole-model
+    ``torch.compile`` cannot trace: a graph break in every compiled forward."""
     if getattr(model, "loss_type", None) is None:
         model.loss_type = "ForCausalLM"
     return model
