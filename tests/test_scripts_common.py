@@ -199,6 +199,8 @@ CTRL_C_AT_STEP_2 = textwrap.dedent("""
     from transformers import AutoModelForCausalLM, GPT2Config, TrainerCallback, TrainingArguments
     from hf_condinit.scripts_common import CondInitTrainer
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job starts ignoring it)
+
     class CtrlC(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 2:
