@@ -18,11 +18,11 @@ from utils import TINYSTORIES, require  # noqa: E402
 transformers.logging.set_verbosity_error()
 
 
-#: Variables (or prefixes) a library sets for itself once per process: pytest's current test, DeepSpeed's and
-#: scikit-learn's imports, torch inductor's cache folders on the first compile. Not a test's doing, and the same for
+#: Variables (or prefixes) a library sets for itself once per process: pytest's current test, the imports of DeepSpeed,
+#: scikit-learn and lm-eval, torch inductor's cache folders on the first compile. Not a test's doing, and the same for
 #: every later test.
 PROCESS_OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "PYTORCH_NVML_BASED_CUDA_CHECK", "KMP_DUPLICATE_LIB_OK",
-                         "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")
+                         "HF_XET_HIGH_PERFORMANCE", "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")
 
 
 def _process_state() -> dict:

@@ -162,6 +162,7 @@ def test_levers_refused_before_any_work(tmp_path, monkeypatch, extra, message):
         raise AssertionError("model or data work started")
 
     monkeypatch.setattr(run_clm, "prepare_data", boom)
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")  # the FSDP arguments set it: restored after the test
     with pytest.raises(UsageError, match=message):
         run_clm.main(_args(tmp_path, "refused", "--lm_head_ce", "chunked", *extra))
     assert not (tmp_path / "refused").exists()
