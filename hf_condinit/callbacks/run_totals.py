@@ -7,7 +7,10 @@ accumulates) to this callback and stores :meth:`RunTotalsCallback.snapshot` in e
 ``trainer_state.json`` (``stateful_callbacks["hf_condinit_run_totals"]``); a resumed run starts from it.
 
 Conventions: ``train_loss`` = (sum over every step of the run of the Trainer's step loss) / ``global_step``, the
-stock Trainer's definition for an uninterrupted run; ``train_wall_seconds``: the wall time of every segment up to
+stock Trainer's definition for an uninterrupted run. The sum is one float64 running sum (float32 on MPS, which has
+no float64) in step order, carried through the checkpoint: a resumed segment adds its first step's loss to the sum
+it resumed from, so a resumed run's ``train_loss`` equals the uninterrupted run's bit for bit (a segment summed on
+its own and added at the end rounds differently); ``train_wall_seconds``: the wall time of every segment up to
 its last checkpoint (the time a killed segment ran after it is lost with its steps) plus the current segment;
 ``train_segments``: how many ``train()`` calls the run took (1 + resumes).
 """
@@ -28,13 +31,17 @@ class RunTotalsCallback(TrainerCallback):
         self.loss_before = 0.0  # summed step losses of the earlier segments (None: resumed without totals)
         self.wall_before = 0.0
         self.segments = 1
-        self._loss = None  # this segment's summed step losses, a tensor on the training device (no sync per step)
+        self._loss = None  # the run's summed step losses so far, a tensor on the training device (no sync per step)
         self._start = time.perf_counter()
 
     def add_loss(self, loss) -> None:
-        """Add one ``training_step`` result (a 0-dim tensor) to this segment's sum."""
-        loss = loss.detach().float()
-        self._loss = loss if self._loss is None else self._loss + loss
+        """Add one ``training_step`` result (a 0-dim tensor) to the run's running sum."""
+        import torch
+
+        loss = loss.detach().to(torch.float32 if loss.device.type == "mps" else torch.float64)
+        if self._loss is None:  # the segment's first step: start from the sum it resumed from
+            self._loss = torch.tensor(self.loss_before or 0.0, dtype=loss.dtype, device=loss.device)
+        self._loss = self._loss + loss
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._loss, self._start = None, time.perf_counter()
@@ -48,8 +55,10 @@ class RunTotalsCallback(TrainerCallback):
 
     def snapshot(self) -> dict:
         """``{"loss_sum", "wall_seconds", "segments"}`` up to now (kept in each checkpoint)."""
-        segment = 0.0 if self._loss is None else float(self._loss)
-        loss_sum = None if self.loss_before is None else self.loss_before + segment
+        if self.loss_before is None:
+            loss_sum = None
+        else:
+            loss_sum = self.loss_before if self._loss is None else float(self._loss)
         return {"loss_sum": loss_sum, "wall_seconds": round(self.wall_before + time.perf_counter() - self._start, 3),
                 "segments": self.segments}
 

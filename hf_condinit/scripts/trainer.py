@@ -41,7 +41,7 @@ class CondInitTrainer(_Trainer):
     """``Trainer`` whose weight-decay groups exclude ``condinit_`` holders, biases and norms
     (:func:`no_decay_parameter_names`), which stops a run whose loss becomes non-finite
     (:class:`hf_condinit.callbacks.NonFiniteLossCallback`) and which does not warn about tied weights
-    (``lm_head.weight``) that a checkpoint leaves out by design. For long runs on a cluster (issue 34):
+    (``lm_head.weight``) that a checkpoint leaves out by design. For long runs on a cluster:
 
     - checkpoints are atomic (:meth:`_save_checkpoint`, :mod:`.checkpoints`): staged, fsynced, manifest last, renamed
       into place; ``--save_total_limit`` deletes old ones only after the new one is complete; a save that finds no
@@ -50,6 +50,7 @@ class CondInitTrainer(_Trainer):
       (:class:`hf_condinit.callbacks.PreemptionCallback`, ``self.preemption``): :meth:`train` then raises
       :class:`hf_condinit.callbacks.TrainingPreempted` rather than returning, so that no caller takes the partly
       trained model for a finished one;
+    - a run resumed from a checkpoint at its last step trains nothing and finishes from it (:meth:`_run_epoch`);
     - the run's loss, wall time and segment count span resumes (:class:`hf_condinit.callbacks.RunTotalsCallback`,
       ``self.run_totals``);
     - a training stream that is already this rank's own share (``--streaming`` under several processes:
@@ -80,6 +81,16 @@ class CondInitTrainer(_Trainer):
             saved = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             raise TrainingPreempted(self.preemption.received, saved, self.state.global_step, self.state.max_steps)
         return result
+
+    def _run_epoch(self, *args, **kwargs):
+        """The stock epoch, unless the run is already at its end: resumed from a checkpoint at (or past) its last step
+        (``--max_steps``, or the last epoch's), the stock loop would skip the trained batches and train one step
+        past the end before its stop check. Here training stops with nothing trained, and ``train()`` returns the
+        checkpoint's model and state, so the script finishes the run from it (final model, evaluation, results)."""
+        if self.state.global_step >= self.state.max_steps:
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
 
     def get_train_dataloader(self):
         """The stock loader; for a stream marked as this rank's share (:func:`hf_condinit.data.streaming.rows_of_rank`)
