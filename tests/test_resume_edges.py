@@ -1,17 +1,30 @@
-"""The edges of a resume, on a tiny GPT-2 built in code (CondInitTrainer, no data files): a checkpoint at the last
-step is the end of training; the run's ``train_loss`` is the same bit for bit however the run was cut."""
+"""The edges of a resume, on tiny models and data built in code (no data files): a checkpoint at the last step is the
+end of training (a rerun, or ``--resume_from_checkpoint``, finishes the run from it, equal to the uninterrupted run);
+a run killed while writing its final files is finished by the rerun; every checkpoint file corrupted at its own size
+is refused by name; a non-finite loss just after a resume names the checkpoints; ``train_loss`` is the same bit for
+bit however the run was cut."""
 
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
 from transformers.trainer_callback import TrainerState
 
+from hf_condinit.callbacks import NonFiniteLossError
 from hf_condinit.callbacks.run_totals import STATE_KEY, RunTotalsCallback
-from hf_condinit.scripts_common import CondInitTrainer
+from hf_condinit.scripts import checkpoints
+from hf_condinit.scripts_common import CondInitTrainer, UsageError, find_last_checkpoint, run_main
+from utils import load_script
+
+run_clm = load_script("run_clm.py")
 
 STEPS_PER_EPOCH = 4  # 16 samples, batches of 4
 
@@ -79,3 +92,122 @@ def _cut(losses, cuts):
 def test_train_loss_is_the_same_bit_for_bit_however_the_run_was_cut(cuts):
     losses = _losses(60)
     assert _cut(losses, cuts) == _uninterrupted(losses)
+
+
+# ---------------------------------------------------------------------------------------- checkpoint content digests
+
+
+def _corrupt(path, n=4096):
+    """``n`` bytes (half the file when smaller) of the file at ``path`` inverted, in its middle: the size is kept."""
+    size = os.path.getsize(path)
+    n = min(n, max(size // 2, 1))
+    with open(path, "r+b") as f:
+        f.seek((size - n) // 2)
+        data = f.read(n)
+        f.seek((size - n) // 2)
+        f.write(bytes(b ^ 0xFF for b in data))
+    assert os.path.getsize(path) == size
+
+
+@pytest.fixture(scope="module")
+def three_checkpoints(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digests") / "run"
+    _trainer(out, max_steps=3).train()
+    return out
+
+
+def test_every_file_corrupted_at_its_size_is_refused_by_name(three_checkpoints, tmp_path, caplog):
+    manifest = json.loads((three_checkpoints / "checkpoint-3" / checkpoints.MANIFEST_NAME).read_text())
+    assert set(manifest[checkpoints.DIGEST]) == set(manifest["files"]) >= {"model.safetensors", "optimizer.pt"}
+    for rel in [*manifest["files"], checkpoints.MANIFEST_NAME]:
+        out = tmp_path / rel.replace(os.sep, "_")
+        shutil.copytree(three_checkpoints, out)
+        _corrupt(out / "checkpoint-3" / rel)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            assert checkpoints.newest_complete_checkpoint(str(out)) == str(out / "checkpoint-2"), rel
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and f"skipping {out / 'checkpoint-3'}: {rel} " in warnings[0], warnings
+        with pytest.raises(UsageError, match=f"checkpoint-3: {re.escape(rel)} "):
+            find_last_checkpoint(SimpleNamespace(output_dir=str(tmp_path / "new"), do_train=True,
+                                                 resume_from_checkpoint=str(out / "checkpoint-3")))
+
+
+def test_a_non_finite_loss_after_a_resume_names_the_checkpoints(three_checkpoints, tmp_path):
+    """A checkpoint damaged where no check looks (here: NaN weights written in its format, its manifest gone as in an
+    older version's checkpoint) makes the resumed run diverge at once: the error names that checkpoint and the
+    previous complete one, not the init."""
+    damaged = tmp_path / "run"
+    shutil.copytree(three_checkpoints, damaged)
+    weights = load_file(damaged / "checkpoint-2" / "model.safetensors")
+    save_file({k: torch.full_like(v, float("nan")) for k, v in weights.items()},
+              str(damaged / "checkpoint-2" / "model.safetensors"), metadata={"format": "pt"})
+    os.remove(damaged / "checkpoint-2" / checkpoints.MANIFEST_NAME)
+    with pytest.raises(NonFiniteLossError) as err:
+        _trainer(tmp_path / "again", max_steps=3).train(resume_from_checkpoint=str(damaged / "checkpoint-2"))
+    message = str(err.value)
+    assert f"after resuming from {damaged / 'checkpoint-2'}, which may be damaged" in message, message
+    assert f"--resume_from_checkpoint {damaged / 'checkpoint-1'}" in message and "check the init" not in message, message
+
+
+# -------------------------------------------------------------------------- run_clm.py: killed after the last step
+
+def _clm_argv(out, *extra):
+    return ["--output_dir", str(out), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--seed", "7",
+            "--init", "conditioned", "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2",
+            "--lr_scheduler_type", "constant", "--per_device_train_batch_size", "8", "--synthetic_train_examples", "128", "--synthetic_eval_examples", "32",
+            *extra]  # fmt: skip
+
+
+def _results(out):
+    return (load_file(out / "model.safetensors"), json.loads((out / "eval_results.json").read_text())["eval_loss"],
+            json.loads((out / "train_results.json").read_text()), json.loads((out / "trainer_state.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def clm_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("edges") / "reference"
+    run_main(run_clm.main, _clm_argv(out), prog="run_clm.py")
+    return out
+
+
+def _truncate(path):
+    open(path, "w").close()
+
+
+KILLED_AFTER_TRAINING = {  # what a kill after checkpoint-4 left of the final files
+    "before the final model": lambda out: [os.remove(out / n) for n in (
+        "model.safetensors", "train_results.json", "eval_results.json", "all_results.json", "trainer_state.json")],
+    "while train_results.json was written": lambda out: (
+        _truncate(out / "train_results.json"), _truncate(out / "all_results.json"), os.remove(out / "eval_results.json")),
+    "during the evaluation": lambda out: os.remove(out / "eval_results.json"),
+}
+CLAIM = "import sys; from hf_condinit.scripts import run_lock; run_lock.claim(sys.argv[1])"
+
+
+@pytest.mark.parametrize("when", KILLED_AFTER_TRAINING)
+def test_a_run_killed_after_its_last_checkpoint_is_finished_by_the_rerun(clm_reference, tmp_path, when):
+    """The rerun resumes from checkpoint-4 (max_steps 4, of 16 steps per epoch), trains nothing (the stock loop trained a
+    step 5), writes the final files and ends
+    with the uninterrupted run's weights, eval_loss and train_loss, bit for bit."""
+    out = tmp_path / "run"
+    shutil.copytree(clm_reference, out)
+    KILLED_AFTER_TRAINING[when](out)
+    subprocess.run([sys.executable, "-c", CLAIM, str(out)], check=True)  # the killed run's lock record is left
+    run_main(run_clm.main, _clm_argv(out), prog="run_clm.py")
+    _assert_same_run(out, clm_reference)
+
+
+def test_resume_from_the_last_checkpoint_finishes_the_run(clm_reference, tmp_path):
+    out = tmp_path / "run"
+    run_main(run_clm.main, _clm_argv(out, "--resume_from_checkpoint", str(clm_reference / "checkpoint-4")),
+             prog="run_clm.py")
+    _assert_same_run(out, clm_reference)
+
+
+def _assert_same_run(out, reference):
+    weights, eval_loss, train, state = _results(out)
+    ref_weights, ref_eval_loss, ref_train, _ = _results(reference)
+    assert state["global_step"] == 4 and not (out / "checkpoint-5").exists()
+    assert weights.keys() == ref_weights.keys() and all(torch.equal(weights[k], ref_weights[k]) for k in weights)
+    assert eval_loss == ref_eval_loss and train["train_loss"] == ref_train["train_loss"]

@@ -208,7 +208,7 @@ def test_sigterm_saves_stops_and_the_rerun_is_bit_identical(reference, tmp_path,
     _assert_same_model(_final(out), _final(reference))
     ref, resumed = (json.loads(open(os.path.join(d, "train_results.json")).read()) for d in (reference, out))
     assert resumed["train_segments"] == 2 and ref["train_segments"] == 1
-    assert resumed["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-6)
+    assert resumed["train_loss"] == ref["train_loss"]  # the running sum continues through the checkpoint
     assert resumed["train_wall_seconds"] > resumed["train_runtime"]
 
 

@@ -4,14 +4,18 @@ A ``checkpoint-<step>`` folder in ``--output_dir`` is only ever *complete*:
 
 - :class:`~.trainer.CondInitTrainer` lets the Trainer (plain, DeepSpeed ZeRO 1-3, FSDP2) write the checkpoint into
   ``<output_dir>/.checkpoint-staging/checkpoint-<step>``; once every rank has written its files, the saving process
-  fsyncs them, writes :data:`MANIFEST_NAME` (every file's size) last, and renames the folder to
+  fsyncs them, writes :data:`MANIFEST_NAME` (every file's size and content digest, :data:`DIGEST`) last, and renames
+  the folder to
   ``<output_dir>/checkpoint-<step>`` (:func:`publish`). A kill at any moment leaves either the previous checkpoints
   alone or the new one complete; a rerun clears the staging folder (never a checkpoint) before its next save.
 - :func:`check_checkpoint` says what is wrong with a checkpoint (a file shorter than the manifest says, a truncated
-  ``trainer_state.json`` / safetensors / zip archive, no weights), or ``None``; :func:`newest_complete_checkpoint`
-  is the resume's choice, skipping a damaged one with one warning naming the folder and the reason (never deleting it).
+  ``trainer_state.json`` / safetensors / zip archive, no weights; with ``verify_content``, a file whose content no
+  longer matches the manifest's digest), or ``None``; :func:`newest_complete_checkpoint` is the resume's choice
+  (content verified), skipping a damaged one with one warning naming the folder and the reason (never deleting it).
 - :func:`rotate` applies ``--save_total_limit`` over the complete checkpoints only, after the new one is published.
 - :func:`disk_full_error`: a save that failed for lack of space says so (errno, free space, the intact checkpoint).
+- :func:`write_atomically`: a file written whole or not at all (temporary file, fsync, rename), for the manifest and
+  the run's final result files.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import struct
 import time
 import zipfile
 
+import xxhash
+
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "checkpoint_manifest.json"
@@ -35,6 +41,9 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_PATTERNS = (r"model\.safetensors", r"model\.safetensors\.index\.json", r"pytorch_model\.bin",
                    r"pytorch_model_fsdp.*", r"global_step\d+", r"adapter_model\.safetensors")
 ZIP_SUFFIXES = (".pt", ".pth", ".bin")
+# the manifest's key for each file's content digest: XXH3-128 (tens of GB/s, a small fraction of a save's time)
+DIGEST = "xxh3_128"
+_CHUNK = 1 << 24
 
 
 class CheckpointSaveError(RuntimeError):
@@ -86,6 +95,16 @@ def _safetensors_problem(path: str, size: int) -> str | None:
     return None
 
 
+def file_digest(path: str) -> str:
+    """The :data:`DIGEST` of the file at ``path``, as hex."""
+    digest, buffer = xxhash.xxh3_128(), bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
 def _file_problem(path: str, size: int) -> str | None:
     """What is wrong with one file of a checkpoint (by its kind), or ``None``."""
     name = os.path.basename(path)
@@ -106,13 +125,16 @@ def _file_problem(path: str, size: int) -> str | None:
     return None
 
 
-def check_checkpoint(path: str) -> str | None:
+def check_checkpoint(path: str, verify_content: bool = False) -> str | None:
     """Why the checkpoint folder ``path`` cannot be resumed from, or ``None`` when it is complete and readable.
 
-    With :data:`MANIFEST_NAME` (every checkpoint this plugin wrote): each listed file exists with its size. Without
-    (a checkpoint of an older version or of the stock Trainer): ``trainer_state.json`` and the weights exist. Either
-    way every ``.json`` parses, every ``.safetensors`` header and length agree, and every ``.pt``/``.pth``/``.bin``
-    torch archive has its end record (a truncated zip has none). Reads headers only: cheap for a 1.7B checkpoint."""
+    With :data:`MANIFEST_NAME` (every checkpoint this plugin wrote): each listed file exists with its size, and with
+    ``verify_content`` its content has the manifest's digest (a manifest of an older version has none: sizes only).
+    Without a manifest (a checkpoint of an older version or of the stock Trainer): ``trainer_state.json`` and the
+    weights exist. Either way every ``.json`` parses, every ``.safetensors`` header and length agree, and every
+    ``.pt``/``.pth``/``.bin`` torch archive has its end record (a truncated zip has none). Without ``verify_content``
+    it reads headers only (cheap for a 1.7B checkpoint, checked at every save); ``verify_content`` reads every file
+    once (what a resume reads anyway)."""
     if not os.path.isdir(path):
         return "is not a directory"
     present = _files(path)
@@ -120,14 +142,19 @@ def check_checkpoint(path: str) -> str | None:
     if os.path.exists(manifest_path):
         try:
             with open(manifest_path, encoding="utf-8") as f:
-                expected = json.load(f)["files"]
-        except (ValueError, KeyError):
+                manifest = json.load(f)
+            expected, digests = manifest["files"], manifest.get(DIGEST, {})
+        except (ValueError, KeyError, TypeError, AttributeError):
             return f"{MANIFEST_NAME} is unreadable"
         for rel, size in expected.items():
             if rel not in present:
                 return f"{rel} is missing"
             if present[rel] != size:
                 return f"{rel} is truncated ({present[rel]} of {size} bytes)"
+        if verify_content:
+            for rel, digest in digests.items():
+                if rel in present and file_digest(os.path.join(path, rel)) != digest:
+                    return f"{rel} does not match its {DIGEST} digest in {MANIFEST_NAME} (changed after the save)"
     else:
         if "trainer_state.json" not in present:
             return "has no trainer_state.json (its save did not finish)"
@@ -141,11 +168,15 @@ def check_checkpoint(path: str) -> str | None:
     return None
 
 
-def newest_complete_checkpoint(output_dir: str, log: logging.Logger | None = None) -> str | None:
-    """The highest-step checkpoint of ``output_dir`` that :func:`check_checkpoint` passes, or ``None``. Each newer one
-    that fails is skipped with one warning naming the folder and the reason; nothing is deleted."""
+def newest_complete_checkpoint(output_dir: str, log: logging.Logger | None = None, verify_content: bool = True,
+                               below: int | None = None) -> str | None:
+    """The highest-step checkpoint of ``output_dir`` (below step ``below`` when given) that :func:`check_checkpoint`
+    passes (its content verified unless ``verify_content`` is false), or ``None``. Each newer one that fails is
+    skipped with one warning naming the folder and the reason; nothing is deleted."""
     for path in checkpoints_newest_first(output_dir):
-        problem = check_checkpoint(path)
+        if below is not None and checkpoint_step(path) >= below:
+            continue
+        problem = check_checkpoint(path, verify_content)
         if problem is None:
             return path
         (log or logger).warning(f"skipping {path}: {problem}; resuming from an earlier checkpoint (the folder is kept)")
@@ -169,19 +200,30 @@ def _fsync(path: str, directory: bool = False) -> None:
         os.close(fd)
 
 
-def write_manifest(folder: str, step: int) -> None:
-    """fsync every file of ``folder``, then write :data:`MANIFEST_NAME` (``{"step", "saved_at", "files": {path:
-    bytes}}``) through a temporary file, fsynced: the manifest exists only once everything it lists is on disk."""
-    files = _files(folder)
-    files.pop(MANIFEST_NAME, None)
-    for rel in files:
-        _fsync(os.path.join(folder, rel))
-    tmp = os.path.join(folder, MANIFEST_NAME + ".tmp")
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all: a temporary file beside it, fsynced, renamed over
+    ``path``, and the folder fsynced. A kill at any moment leaves the old file (or none) or the new one."""
+    tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}, f, indent=1)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(folder, MANIFEST_NAME))
+    os.replace(tmp, path)
+    _fsync(os.path.dirname(os.path.abspath(path)), directory=True)
+
+
+def write_manifest(folder: str, step: int) -> None:
+    """fsync every file of ``folder`` and take its :data:`DIGEST`, then write :data:`MANIFEST_NAME` (``{"step",
+    "saved_at", "files": {path: bytes}, DIGEST: {path: hex}}``) through :func:`write_atomically`: the manifest exists
+    only once everything it lists is on disk."""
+    files = _files(folder)
+    files.pop(MANIFEST_NAME, None)
+    digests = {}
+    for rel in files:
+        _fsync(os.path.join(folder, rel))
+        digests[rel] = file_digest(os.path.join(folder, rel))
+    manifest = {"step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files, DIGEST: digests}
+    write_atomically(os.path.join(folder, MANIFEST_NAME), json.dumps(manifest, indent=1))
     for root, dirs, _ in os.walk(folder):
         for d in dirs:
             _fsync(os.path.join(root, d), directory=True)
@@ -191,9 +233,10 @@ def write_manifest(folder: str, step: int) -> None:
 def publish(staged: str, final: str, log: logging.Logger | None = None) -> None:
     """Rename the complete checkpoint ``staged`` to ``final`` (same filesystem: atomic). A folder already at
     ``final`` (an incomplete one of an earlier, killed run) is first renamed to ``damaged-checkpoint-<step>-<time>``,
-    with one warning; a complete one there is an error (a checkpoint is never overwritten)."""
+    with one warning (as is one whose content no longer matches its digests); a complete one there is an error (a
+    checkpoint is never overwritten)."""
     if os.path.exists(final):
-        problem = check_checkpoint(final)
+        problem = check_checkpoint(final, verify_content=True)
         if problem is None:
             raise CheckpointSaveError(f"{final} already holds a complete checkpoint; it is not overwritten")
         aside = os.path.join(os.path.dirname(final), f"damaged-{os.path.basename(final)}-{time.strftime('%Y%m%d-%H%M%S')}")

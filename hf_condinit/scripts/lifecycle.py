@@ -22,16 +22,18 @@ def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -
 
     - ``--output_dir`` in use by a live run (:mod:`.run_lock`): :class:`UsageError` naming it.
     - ``--resume_from_checkpoint DIR`` (or ``last``/``latest``/``true``: the newest complete ``checkpoint-*`` in
-      ``--output_dir``): that checkpoint; a missing, incomplete or damaged one
-      (:func:`.checkpoints.check_checkpoint`) is a :class:`UsageError` saying what is wrong.
+      ``--output_dir``): that checkpoint; a missing, incomplete or damaged one (:func:`.checkpoints.check_checkpoint`,
+      content verified) is a :class:`UsageError` saying what is wrong. A checkpoint at the run's last step trains
+      nothing: the run finishes from it (:meth:`.trainer.CondInitTrainer._run_epoch`).
     - not training, or ``--output_dir`` missing or empty (but for the lock and a killed save's staging folder):
       ``None`` (a fresh run).
-    - ``--output_dir`` holds ``checkpoint-*`` of an unfinished run (no ``train_results.json``): the newest *complete,
-      readable* one (each newer damaged one skipped with one warning, never deleted); the run **resumes**, and says so
-      in one line (with how to start over instead). When none is complete, the run starts over in the folder (the
-      damaged ones are kept, and moved aside if a new checkpoint needs the name).
-    - ``--output_dir`` holds files of a run of this plugin that died before its first checkpoint (its lock record
-      left behind, :func:`.run_lock.dead_holder`): ``None``, the run starts over, with one warning.
+    - ``--output_dir`` holds ``checkpoint-*`` of an unfinished run (not :func:`run_finished`: killed in training or
+      in its final writes): the newest *complete, readable* one, content verified (each newer damaged one skipped
+      with one warning, never deleted); the run **resumes** (from a checkpoint at its last step it trains nothing and
+      writes the final files), and says so in one line (with how to start over instead). When none is complete, the
+      run starts over in the folder (the damaged ones are kept, and moved aside if a new checkpoint needs the name).
+    - ``--output_dir`` holds files of a run of this plugin that died without a checkpoint (its lock record left
+      behind, :func:`.run_lock.dead_holder`): ``None``, the run starts over, with one warning.
     - ``--output_dir`` holds a finished run, or other files without a checkpoint: :class:`UsageError` naming both ways
       on (a new ``--output_dir``, or ``--resume_from_checkpoint`` to continue that run).
 
@@ -64,14 +66,14 @@ def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str 
     if resume is not None:
         if not os.path.isdir(resume):
             raise UsageError(f"--resume_from_checkpoint {resume!r} is not a directory.")
-        problem = check_checkpoint(resume)
+        problem = check_checkpoint(resume, verify_content=True)
         if problem:
             raise UsageError(f"--resume_from_checkpoint {resume}: {problem}; name an earlier checkpoint.")
         return resume
     own = {run_lock.LOCK_NAME, STAGING_DIR}
     if not training_args.do_train or not os.path.isdir(out) or not set(os.listdir(out)) - own:
         return None
-    finished = os.path.exists(os.path.join(out, "train_results.json"))
+    finished = run_finished(out)
     if not finished and checkpoints_newest_first(out):
         last = newest_complete_checkpoint(out, log)
         if last is None:
@@ -85,16 +87,24 @@ def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str 
         return last
     died = None if finished else run_lock.dead_holder(out)
     if died:
-        log.warning(f"--output_dir {out} holds a run that stopped before its first checkpoint ({died.get('command')},"
-                    f" PID {died.get('pid')} on {died.get('host')}): starting over")
+        log.warning(f"--output_dir {out} holds a run that stopped without a checkpoint ({died.get('command')}, PID "
+                    f"{died.get('pid')} on {died.get('host')}): starting over")
         return None
-    last = newest_complete_checkpoint(out, log)
-    what = "a finished run" if os.path.exists(os.path.join(out, "train_results.json")) else "files but no checkpoint"
+    last = newest_complete_checkpoint(out, log, verify_content=False)
+    what = "a finished run" if finished else "files but no checkpoint"
     hint = f"--resume_from_checkpoint {last}" if last else "--resume_from_checkpoint <checkpoint>"
     raise UsageError(
         f"--output_dir {out} already holds {what}; pass a new --output_dir (or delete that one), or {hint} to "
         f"continue it."
     )
+
+
+def run_finished(output_dir: str) -> bool:
+    """Whether ``output_dir`` holds a finished run: its ``train_results.json`` is written and the script that wrote
+    it returned normally, which clears the lock's record last (:func:`.run_lock.dead_holder`, cleared by
+    :func:`.errors.run_main` after the final model, the results and the evaluation). A run killed while writing its
+    final files is unfinished: a rerun writes them again (from its last checkpoint when it has one)."""
+    return os.path.exists(os.path.join(output_dir, "train_results.json")) and not run_lock.dead_holder(output_dir)
 
 
 def claim_output_dir(training_args) -> None:

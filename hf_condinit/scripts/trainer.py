@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
 
@@ -62,8 +64,9 @@ class CondInitTrainer(_Trainer):
         from ..callbacks import NonFiniteLossCallback, PreemptionCallback, RunTotalsCallback
 
         self.preemption, self.run_totals = PreemptionCallback(), RunTotalsCallback()
+        self.non_finite = NonFiniteLossCallback()
         self._staging_root = None
-        extra = [NonFiniteLossCallback(), self.preemption, self.run_totals]
+        extra = [self.non_finite, self.preemption, self.run_totals]
         super().__init__(*args, callbacks=[*(callbacks or []), *extra], **kwargs)
 
     def train(self, *args, **kwargs):
@@ -73,6 +76,8 @@ class CondInitTrainer(_Trainer):
         the run's result. However it ends, the signal handlers of ``self.preemption`` end with it."""
         from ..callbacks import TrainingPreempted
 
+        resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+        self.non_finite.resumed_from = resume if isinstance(resume, str) else None
         try:
             result = super().train(*args, **kwargs)
         finally:  # an exception skips on_train_end: the signal handlers must not outlive train() all the same
@@ -91,6 +96,32 @@ class CondInitTrainer(_Trainer):
             self.control.should_training_stop = True
             return None
         return super()._run_epoch(*args, **kwargs)
+
+    def save_metrics(self, split, metrics, combined=True) -> None:
+        """The stock ``save_metrics`` (``<split>_results.json``, merged into ``all_results.json``), each file written
+        whole (:func:`.checkpoints.write_atomically`): a kill leaves the old file or the new one. An unreadable
+        ``all_results.json`` (a kill during a write of the stock Trainer) is replaced."""
+        if not self.is_world_process_zero():
+            return
+        out = self.args.output_dir
+        checkpoints.write_atomically(os.path.join(out, f"{split}_results.json"),
+                                     json.dumps(metrics, indent=4, sort_keys=True))
+        if combined:
+            path = os.path.join(out, "all_results.json")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    merged = json.load(f)
+            except (OSError, ValueError):
+                merged = {}
+            merged.update(metrics)
+            checkpoints.write_atomically(path, json.dumps(merged, indent=4, sort_keys=True))
+
+    def save_state(self) -> None:
+        """The stock ``save_state`` (``trainer_state.json``), written whole (:func:`.checkpoints.write_atomically`)."""
+        if not self.is_world_process_zero():
+            return
+        checkpoints.write_atomically(os.path.join(self.args.output_dir, "trainer_state.json"),
+                                     json.dumps(dataclasses.asdict(self.state), indent=2, sort_keys=True) + "\n")
 
     def get_train_dataloader(self):
         """The stock loader; for a stream marked as this rank's share (:func:`hf_condinit.data.streaming.rows_of_rank`)
