@@ -97,7 +97,7 @@ def _safetensors_problem(path: str, size: int) -> str | None:
 
 def file_digest(path: str) -> str:
     """The :data:`DIGEST` of the file at ``path``, as hex."""
-    digest, buffer = xxhash.xxh3_128(), bytearray(_CHUNK)
+    digest, buffer = xxhash.xxh3_128(), bytearray(min(_CHUNK, max(os.path.getsize(path), 1)))
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
