@@ -32,8 +32,8 @@
   error (bad flag, unreadable file, an ``--attention`` this machine cannot run, an init option the method never
   reads, ``--init`` with ``--model_name_or_path``) is one line ``run_image_classification.py: error: ...`` and exit
   code 2, before any model work, leaving no output folder; without ``--output_dir`` each arm gets
-  ``runs/image-<init>-<attention>``; a finished ``--output_dir`` is refused, an unfinished one (checkpoints, no
-  ``train_results.json``) resumes; ``--log_throughput`` logs seconds per step.
+  ``runs/image-<init>-<attention>``; a finished ``--output_dir`` is refused, an unfinished one (checkpoints, killed in
+  training or in its final writes) resumes; ``--log_throughput`` logs seconds per step.
 """
 
 from __future__ import annotations

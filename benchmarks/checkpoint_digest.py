@@ -5,9 +5,10 @@ A ``CondInitTrainer`` holds the model (``configs/gpt2-472m.json`` by default: 47
 checkpoint ``--saves`` times (``CondInitTrainer._save_checkpoint``: weights, optimizer, scheduler, RNG and trainer
 state, staged, fsynced, manifest last, renamed into place). Every call of
 :func:`hf_condinit.scripts.checkpoints.file_digest` during a save is timed; the record gives, per save, the save's
-wall time, the digests' share of it and the bytes hashed, and the ratio "digests / save" (the added save time: the
-save without digests is the same save less that time). Also timed: the resume's verification
-(``check_checkpoint(verify_content=True)``) against the header-only check.
+wall time, the digests' share of it and the bytes hashed, and the ratio "digests / save": an upper bound of the time
+the digests add to the save (they run while the files' fsyncs wait on the disk, so the save without them is shorter by
+at most that time). Also timed: the resume's verification (``check_checkpoint(verify_content=True)``) against the
+header-only check.
 
     python benchmarks/checkpoint_digest.py    # writes benchmarks/results/checkpoint_digest/record.{json,md}
 """
@@ -105,7 +106,7 @@ def markdown(record: dict) -> str:
              f"({record['config']}, {record['parameters'] / 1e6:.0f}M parameters with AdamW state)", "",
              f"`{record['command']}` (commit {(record.get('commit') or '?')[:7]}, torch {record['versions']['torch']}, "
              f"CPU).", "",
-             "| save | checkpoint GiB | save s | digests s | digests / save | digest GB/s | resume check: headers s "
+             "| save | checkpoint GiB | save s | digests s | digests / save (upper bound of the added time) | digest GB/s | resume check: headers s "
              "| content verified s |", "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(s, 1):
         lines.append(f"| {i} | {r['bytes'] / 2**30:.2f} | {r['save_seconds']:.2f} | {r['digest_seconds']:.2f} | "

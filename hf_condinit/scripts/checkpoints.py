@@ -23,12 +23,14 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
 import struct
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
@@ -41,9 +43,8 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_PATTERNS = (r"model\.safetensors", r"model\.safetensors\.index\.json", r"pytorch_model\.bin",
                    r"pytorch_model_fsdp.*", r"global_step\d+", r"adapter_model\.safetensors")
 ZIP_SUFFIXES = (".pt", ".pth", ".bin")
-# the manifest's key for each file's content digest: XXH3-128 (tens of GB/s, a small fraction of a save's time)
+# the manifest's key for each file's content digest: XXH3-128 (about 10 GiB/s from the page cache on one core)
 DIGEST = "xxh3_128"
-_CHUNK = 1 << 24
 
 
 class CheckpointSaveError(RuntimeError):
@@ -96,13 +97,14 @@ def _safetensors_problem(path: str, size: int) -> str | None:
 
 
 def file_digest(path: str) -> str:
-    """The :data:`DIGEST` of the file at ``path``, as hex."""
-    digest, buffer = xxhash.xxh3_128(), bytearray(min(_CHUNK, max(os.path.getsize(path), 1)))
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            digest.update(view[:n])
-    return digest.hexdigest()
+    """The :data:`DIGEST` of the file at ``path``, as hex (read through a memory map: no copy of the page cache)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return xxhash.xxh3_128(b"").hexdigest()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            return xxhash.xxh3_128(mapped).hexdigest()
 
 
 def _file_problem(path: str, size: int) -> str | None:
@@ -218,10 +220,11 @@ def write_manifest(folder: str, step: int) -> None:
     only once everything it lists is on disk."""
     files = _files(folder)
     files.pop(MANIFEST_NAME, None)
-    digests = {}
-    for rel in files:
-        _fsync(os.path.join(folder, rel))
-        digests[rel] = file_digest(os.path.join(folder, rel))
+    paths = [os.path.join(folder, rel) for rel in files]
+    with ThreadPoolExecutor(1) as pool:  # the digests read the page cache while the disk takes the fsyncs
+        synced = pool.map(_fsync, paths)
+        digests = {rel: file_digest(path) for rel, path in zip(files, paths)}
+        list(synced)  # every file on disk (an fsync's error raised here)
     manifest = {"step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files, DIGEST: digests}
     write_atomically(os.path.join(folder, MANIFEST_NAME), json.dumps(manifest, indent=1))
     for root, dirs, _ in os.walk(folder):
