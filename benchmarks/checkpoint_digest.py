@@ -9,8 +9,8 @@ wall time, the digests' share of it and the bytes hashed, and the ratio "digests
 the digests add to the save (they run while the files' fsyncs wait on the disk, so the save without them is shorter by
 at most that time). The estimate of the time they do add: the manifest step's wall time
 (:func:`~hf_condinit.scripts.checkpoints.write_manifest`: fsyncs, digests, manifest) less the time its fsyncs took,
-which is that step without digests. Also timed: the resume's verification (``check_checkpoint(verify_content=True)``) against the
-header-only check.
+which is that step without digests. Also timed: the resume's verification
+(``check_checkpoint(verify_content=True)``) against the header-only check.
 
     python benchmarks/checkpoint_digest.py    # writes benchmarks/results/checkpoint_digest/record.{json,md}
 """

@@ -1,9 +1,9 @@
 """Kill ``run_clm.py`` at random moments, damage its checkpoints, rerun the same command, and check the rerun ends with
 the uninterrupted run.
 
-One uninterrupted run (tiny GPT-2 on TinyStories, ``--max_steps 40 --save_steps 5``, an evaluation at the end, one
-thread; evaluated on 32 blocks of the same text) gives the reference: the final weights, ``eval_loss`` and ``train_loss``. Then ``--kills`` times, in turn, a
-fresh ``--output_dir``, the same command started, and one fault:
+One uninterrupted run (tiny GPT-2 on TinyStories, ``--max_steps`` = ``--steps``, ``--save_steps`` = ``--every``,
+one thread, evaluated at the end on 32 blocks of the same text) gives the reference: the final weights, ``eval_loss`` and ``train_loss``. Then
+``--kills`` times, in turn, a fresh ``--output_dir``, the same command started, and one fault:
 
 - ``SIGKILL in training``: once a random step is logged, plus 0-50 ms;
 - ``SIGKILL in a save``: the 1st, 2nd or 3rd save, the moment its staging folder appears, plus 0-40 ms;
@@ -22,7 +22,7 @@ whether the rerun skipped a damaged checkpoint (the warning naming it), and whet
 the reference (weights tensor by tensor, ``eval_loss``, ``train_loss``). The goal: every run ends equal, a damaged
 checkpoint is refused by name, 0 silent differences, 0 runs that never finish.
 
-    python benchmarks/fault_injection.py --kills 30    # writes benchmarks/results/faults/record.{json,md}, lost.png
+    python benchmarks/fault_injection.py --kills 30 --steps 20 --every 5   # writes benchmarks/results/faults/record.{json,md}, lost.png
 """
 
 from __future__ import annotations
@@ -310,7 +310,8 @@ def plot(record: dict, path: Path) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=30, help="kills, in turn of each kind (then one corruption per checkpoint file)")
+    parser.add_argument("--kills", type=int, default=30,
+                        help="kills, each kind in turn (then one corruption per checkpoint file)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)

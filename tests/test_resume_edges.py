@@ -155,7 +155,8 @@ def test_a_non_finite_loss_after_a_resume_names_the_checkpoints(three_checkpoint
 def _clm_argv(out, *extra):
     return ["--output_dir", str(out), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--seed", "7",
             "--init", "conditioned", "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2",
-            "--lr_scheduler_type", "constant", "--per_device_train_batch_size", "8", "--synthetic_train_examples", "128", "--synthetic_eval_examples", "32",
+            "--lr_scheduler_type", "constant", "--per_device_train_batch_size", "8",
+            "--synthetic_train_examples", "128", "--synthetic_eval_examples", "32",
             *extra]  # fmt: skip
 
 
