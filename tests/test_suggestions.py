@@ -56,7 +56,7 @@ def test_unknown_key_of_a_json_argument_file(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, says", [
     (["--attention", "afine_scaled"], "unknown --attention 'afine_scaled' (did you mean 'affine_scaled'?); choose one "
-                                      "of: sdpa, eager, affine_scaled, attention_sink, preconditioned"),
+                                      "of: default, sdpa, eager, affine_scaled, attention_sink, preconditioned"),
     (["--attention", "spectral"], "spectral conditioning is not an attention implementation; pass --spectral_lambda"),
     (["--init", "condtioned"], "unknown --init 'condtioned' (did you mean 'conditioned'?)"),
     (["--model_config", "gpt2-tny"], "--model_config 'gpt2-tny' (did you mean 'gpt2-tiny'?) is not a config"),
