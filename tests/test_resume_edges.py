@@ -22,7 +22,7 @@ from hf_condinit.callbacks import NonFiniteLossError
 from hf_condinit.callbacks.run_totals import STATE_KEY, RunTotalsCallback
 from hf_condinit.scripts import checkpoints
 from hf_condinit.scripts_common import CondInitTrainer, UsageError, find_last_checkpoint, run_main
-from utils import load_script
+from utils import load_script, needs_trainer_resume
 
 run_clm = load_script("run_clm.py")
 
@@ -41,6 +41,7 @@ def _trainer(out, **kwargs):
     return CondInitTrainer(model=model, args=args, train_dataset=data)
 
 
+@needs_trainer_resume
 @pytest.mark.parametrize("length, last", [({"max_steps": 3}, 3), ({"num_train_epochs": 1.5}, 6),
                                           ({"num_train_epochs": 2}, 8)])
 def test_a_checkpoint_at_the_last_step_trains_nothing(tmp_path, length, last):
@@ -133,6 +134,7 @@ def test_every_file_corrupted_at_its_size_is_refused_by_name(three_checkpoints, 
                                                  resume_from_checkpoint=str(out / "checkpoint-3")))
 
 
+@needs_trainer_resume
 def test_a_non_finite_loss_after_a_resume_names_the_checkpoints(three_checkpoints, tmp_path):
     """A checkpoint damaged where no check looks (here: NaN weights written in its format, its manifest gone as in an
     older version's checkpoint) makes the resumed run diverge at once: the error names that checkpoint and the
@@ -186,6 +188,7 @@ KILLED_AFTER_TRAINING = {  # what a kill after checkpoint-4 left of the final fi
 CLAIM = "import sys; from hf_condinit.scripts import run_lock; run_lock.claim(sys.argv[1])"
 
 
+@needs_trainer_resume
 @pytest.mark.parametrize("when", KILLED_AFTER_TRAINING)
 def test_a_run_killed_after_its_last_checkpoint_is_finished_by_the_rerun(clm_reference, tmp_path, when):
     """The rerun resumes from checkpoint-4 (max_steps 4, of 16 steps per epoch), trains nothing (the stock loop trained a
@@ -199,6 +202,7 @@ def test_a_run_killed_after_its_last_checkpoint_is_finished_by_the_rerun(clm_ref
     _assert_same_run(out, clm_reference)
 
 
+@needs_trainer_resume
 def test_resume_from_the_last_checkpoint_finishes_the_run(clm_reference, tmp_path):
     out = tmp_path / "run"
     run_main(run_clm.main, _clm_argv(out, "--resume_from_checkpoint", str(clm_reference / "checkpoint-4")),

@@ -25,6 +25,14 @@ def needs(path: Path):
     return pytest.mark.skipif(not path.exists(), reason=f"real data not found at {path} (../shared/data)")
 
 
+# transformers loads a Trainer checkpoint's optimizer state only on torch >= 2.6 (CVE-2025-32434: before it,
+# torch.load(weights_only=True) could run code); below that a resume is refused by transformers itself.
+needs_trainer_resume = pytest.mark.skipif(
+    tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6),
+    reason="transformers resumes a Trainer checkpoint only on torch >= 2.6 (CVE-2025-32434)",
+)
+
+
 def require(path: Path) -> Path:
     """Skip the calling test (or fixture) when ``path`` is missing; return it otherwise."""
     if not path.exists():

@@ -341,7 +341,7 @@ def _restrict_to_softmax_blocks(model: nn.Module, layout: AttentionLayout, input
     state-space or convolution mixer); unchanged otherwise (every matched block calls it, or none does, or a class
     does in one block and not in another: the proof decides)."""
     blocks = layout.attention_modules(model)
-    if not blocks:
+    if len({type(m) for _, m in blocks}) < 2:  # one class (or none): nothing to tell apart, the model is not touched
         return
     register_proof_implementation()
     with _attn_implementation(model, PROOF_IMPLEMENTATION):
