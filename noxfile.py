@@ -1,4 +1,4 @@
-"""The version matrix (issue 41): the library tests on each row of torch / transformers / accelerate / Python.
+"""The version matrix: the library tests on each row of torch / transformers / accelerate / Python.
 
     nox -l                                   # the rows
     nox -s "matrix(row='torch-2.13')"        # one row: a fresh uv environment, the tests file by file, its record

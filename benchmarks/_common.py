@@ -44,8 +44,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from hf_condinit.stats import crossing_step  # noqa: E402,F401  (steps to reach: the library's rule, issue 35)
-from hf_condinit.study.files import claimed, is_claimed, write_json  # noqa: E402,F401  (claims, records: issue 35)
+from hf_condinit.stats import crossing_step  # noqa: E402,F401
+from hf_condinit.study.files import claimed, is_claimed, write_json  # noqa: E402,F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data"))
@@ -477,7 +477,7 @@ def provenance() -> dict:
         except (OSError, subprocess.SubprocessError):
             return None
 
-    # torch's own version string: its package metadata omits the build tag ("2.13.0" for "2.13.0+cu130", issue 41)
+    # torch's own version string: its package metadata omits the build tag
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("transformers", "datasets", "accelerate"):
         try:

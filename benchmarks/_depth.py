@@ -1,5 +1,5 @@
 """``benchmarks/compare.py --depth-sweep``: does an init's gap to default shrink, flip or grow with depth, each arm
-at its own best learning rate? (issue 21)
+at its own best learning rate?
 
 The scale sweep (``_scale.py``) varied width at depth 2; this mode varies depth at width 64 (head dim 32, 2 heads)
 with the same data, tokenizer, batch, block, evaluation and arms (:data:`_scale_plan.ARMS`), and records per run the
@@ -13,8 +13,7 @@ Plan (``_depth_plan``: :data:`_depth_plan.FULL`, :func:`_depth_plan.plan`), in t
    at the half-decade rates ``grid_lrs`` (1e-3, 3e-3, 1e-2, 3e-2). When an arm's best rate (lowest WikiText-2 valid
    loss) is the lowest or the highest it was tried at, the next half-decade of :attr:`DepthPlan.ladder` beyond it is
    added for that arm (:func:`grid_state`), until its best is inside or the ladder ends (said in the report).
-2. **Depth sweep**: depths ``depths`` (2, 4, 8) × arms × seeds ``seeds`` (0-1 at depth 2; 0-2 at depth 4;
-   0-4 at depth 8, issue 28)
+2. **Depth sweep**: depths ``depths`` (2, 4, 8) × arms × seeds ``seeds``
    at ``main_tpp`` (20) tokens per parameter, each arm at *its own* best rate of the grid; seed 0 of every depth
    first (shallowest first, default first), then seed 1, and so on. An arm's depth runs enter the plan when its
    grid is decided, so a worker never waits while there is a decided run to do.
@@ -23,9 +22,9 @@ Plan (``_depth_plan``: :data:`_depth_plan.FULL`, :func:`_depth_plan.plan`), in t
    it at depth 4?).
 
 8 × 96 (``dropped``) is not in the plan: its estimate is printed next to the plan's and exceeds the 5-hour budget on
-its own (issue 21: "drop 8 × 96 first").
+its own.
 
-Shared-rate results beside the own-rate ones (issue 21, item 2), where both exist: at ``grid_tpp`` the grid's
+Shared-rate results beside the own-rate ones, where both exist: at ``grid_tpp`` the grid's
 ``shared_lr`` column (depth 4, seed 0) and the scale sweep's LR sweep at 2 × 64 (seeds 0-1); at ``main_tpp`` the
 scale sweep's 2 × 64 runs at its shared rate (seeds 0-2), read from ``benchmarks/results/scale`` (``shared_from``).
 

@@ -1,11 +1,10 @@
 """``benchmarks/compare.py --scale-sweep``: where does an init's loss gap to default go as the model grows and as
-training approaches convergence? (issue 13)
+training approaches convergence?
 
 Plan (``_scale_plan``: :data:`_scale_plan.FULL`, :func:`_scale_plan.plan`): GPT-2 of three sizes with the same head dim 32 and depth 2 (2 × 32, 2 × 64,
 2 × 96: 25k, 100k, 224k non-embedding parameters), arms :data:`ARMS` (default, conditioned, conditioned with
 ``v_gain=0.25``, mimetic, affine_scaled), 20 training tokens per non-embedding parameter at a shared learning rate,
-seeds 0-1 (0-2 at the middle size; 0-4 at the largest: the third was added for BLiMP, issue 20, the fourth and fifth
-for the verdict rule's intervals, issue 28); at the
+seeds 0-1; at the
 middle size also 1 and 5 tokens per parameter (the length sweep) and
 two more learning rates (the LR sweep, seeds 0-1, at 5 tokens per parameter: it reuses the length sweep's runs at the
 shared rate, and costs a quarter of a sweep at 20). The largest size is 2 × 96, not 2 × 128: a 2 × 128 run at 20

@@ -1,5 +1,4 @@
-"""The benchmarks' name for the verdict rule, which lives in the library: :mod:`hf_condinit.stats` (issue 35 moved it
-there from here; the rule, its docstring and its tests are the library's).
+"""The benchmarks' name for the verdict rule, which lives in the library: :mod:`hf_condinit.stats`.
 
 Everything is re-exported unchanged, except that the report sentences cite the rule as ``benchmarks/_verdict.py``,
 as the committed tables in README.md and docs/results.md always have (``benchmarks/findings.py --check``)."""

@@ -1,6 +1,6 @@
 """``benchmarks/compare.py --task vision``: does mimetic / conditioned init help a ViT trained from scratch on CIFAR-10?
 
-The positive control of issue 12: mimetic init is known to make small ViTs trained from scratch on small data clearly
+The positive control: mimetic init is known to make small ViTs trained from scratch on small data clearly
 better (Trockman & Kolter 2023); the seed paper's Table 2 (ViT-T, CIFAR-10 top-1 %) reads default 92.4 / mimetic 93.6
 / conditioned 94.1. Our scale is far smaller (a 6 × 128 ViT, a few hundred steps on 2 CPU cores): compare the arms
 with each other, not with those absolute numbers.

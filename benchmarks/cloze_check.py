@@ -1,4 +1,4 @@
-"""Can the zero-shot metrics tell a trained model from its random init? (issue 28, build item 5)
+"""Can the zero-shot metrics tell a trained model from its random init?
 
 Trains the default mode's default arm once on the CPU (``compare.py``'s base spec: 4 × 256 GPT-2, 150 steps of
 8 × 256 tokens of the TinyStories sample, lr 1e-3, seed 0; κ off; shape, length and rate can be changed) through

@@ -25,8 +25,8 @@ several workers may share the directory: runs in progress are claimed with lock 
     python benchmarks/compare.py --sweep               # + the built-in sensitivity sweep (conditioned vs default)
     python benchmarks/compare.py --sweep qk_gain=0.25 lr=3e-4 n_layer=8   # a custom sweep
     python benchmarks/compare.py --report-only         # rebuild results.* from the finished runs
-    python benchmarks/compare.py --scale-sweep         # the scale sweep of issue 13 (benchmarks/_scale.py)
-    python benchmarks/compare.py --depth-sweep         # the depth sweep of issue 21 (benchmarks/_depth.py)
+    python benchmarks/compare.py --scale-sweep         # the scale sweep (benchmarks/_scale.py)
+    python benchmarks/compare.py --depth-sweep         # the depth sweep (benchmarks/_depth.py)
     python benchmarks/compare.py --task vision         # ViT on CIFAR-10 (benchmarks/_vision.py; --quick, --report-only)
 """
 
@@ -65,10 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--task", choices=["lm", "vision"], default="lm",
                    help="lm (this mode) or vision: ViT on CIFAR-10, its own flags (benchmarks/_vision.py --help)")
     p.add_argument("--scale-sweep", action="store_true",
-                   help="the scale sweep of issue 13 (benchmarks/_scale.py): sizes × arms × seeds, a length and an "
+                   help="the scale sweep (benchmarks/_scale.py): sizes × arms × seeds, a length and an "
                         "LR sweep at the middle size, the trend of the gap to default; with --quick, --report-only")
     p.add_argument("--depth-sweep", action="store_true",
-                   help="the depth sweep of issue 21 (benchmarks/_depth.py): depths 2/4/8 at width 64, each arm at "
+                   help="the depth sweep (benchmarks/_depth.py): depths 2/4/8 at width 64, each arm at "
                         "its own best learning rate of an LR grid at depth 4; with --quick, --report-only")
     p.add_argument("--data", nargs="+", default=None, metavar="DATA",
                    help="text files or directories (their text files, sorted), read in the order given, documents "
@@ -304,7 +304,7 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     C.provenance()  # the code this process loaded, before any commit made while it trains
     if "--task=vision" in argv or any(a == "--task" and b == "vision" for a, b in zip(argv, argv[1:])):
-        import _vision  # ViT on CIFAR-10 (issue 12): its own flags, see benchmarks/_vision.py
+        import _vision  # ViT on CIFAR-10: its own flags, see benchmarks/_vision.py
 
         return _vision.main(argv)
     args = parse_args(argv)
@@ -323,13 +323,13 @@ def main(argv=None) -> dict:
     C.set_device(args.device)
     LM.CHECKPOINT_EVERY_SECONDS = args.checkpoint_minutes * 60
     if args.scale_sweep:
-        import _scale  # issue 13: sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
+        import _scale  # sizes × arms × seeds and the trend of the gap (benchmarks/_scale.py)
 
         _scale.check_fixed(args)
         check_args(args)
         return _scale.run(args)
     if args.depth_sweep:
-        import _depth  # issue 21: depths × arms × seeds, each arm at its own best LR (benchmarks/_depth.py)
+        import _depth  # depths × arms × seeds, each arm at its own best LR (benchmarks/_depth.py)
         import _scale
 
         _scale.check_fixed(args, "--depth-sweep", "benchmarks/_depth.py")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How the text data path scales (issue 37): load + tokenize + pack time and peak memory of ``run_clm.py``'s data
+"""How the text data path scales: load + tokenize + pack time and peak memory of ``run_clm.py``'s data
 path (``hf_condinit.data``), cached (``datasets`` map, ``--preprocessing_num_workers`` 1, 2, ...) and streamed
 (``--streaming``: every training block read once), against the ``tokenizers`` batch-encode throughput on the same
 rows (the limit: no ``datasets``, no packing).

@@ -1,4 +1,4 @@
-"""The version matrix (issue 41): run the library tests file by file in one environment, and the report.
+"""The version matrix: run the library tests file by file in one environment, and the report.
 
 Two subcommands; nox (``noxfile.py``) calls both, each matrix row in a fresh uv environment of its own:
 

@@ -1,4 +1,4 @@
-"""Two speed levers of a causal LM's head (issue 36), pure torch, for ``*ForCausalLM`` models whose logits are
+"""Two speed levers of a causal LM's head, pure torch, for ``*ForCausalLM`` models whose logits are
 ``lm_head(base_model(...).last_hidden_state)`` (GPT-2, Llama, GPT-NeoX, ...; not families that scale or soft-cap the
 logits after the head, which :func:`use_chunked_lm_head_loss` refuses).
 

@@ -1,5 +1,5 @@
 """The one rule for "better" / "worse" than a baseline: every verdict of the project comes from here
-(``python -m hf_condinit.study``, ``python -m hf_condinit.compare`` and ``benchmarks/``, issue 35; issue 28 wrote it).
+(``python -m hf_condinit.study``, ``python -m hf_condinit.compare`` and ``benchmarks/``).
 
 A *cell* is one comparison (an arm against the baseline in one setting). Its values are the **paired differences by
 seed**, arm − baseline, over the seeds both ran on the same batches and the same device (:func:`paired`: a pair whose

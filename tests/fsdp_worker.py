@@ -13,8 +13,7 @@ wrapped, sharded and, with ``cpu_ram_efficient_loading``, broadcast the model) a
 FSDP on CPU: accelerate (1.15, 1.16) applies FSDP only on accelerators;
 :func:`hf_condinit.scripts.launch.enable_cpu_fsdp` lets it shard CPU processes over gloo (torch ``fully_shard``), without which ``--fsdp`` would silently train as DDP.
 
-``"signal": [rank, step]`` sends SIGTERM to that rank alone while it runs that step (issue 34: every rank must stop
-after the same step, with one checkpoint); a job stopped so writes ``<dump>-preempted-rank<r>.json`` (``{"step"}``).
+``"signal": [rank, step]`` sends SIGTERM to that rank alone while it runs that step; a job stopped so writes ``<dump>-preempted-rank<r>.json`` (``{"step"}``).
 ``"plant": "checkpoint-<n>"`` first makes a damaged checkpoint of that name in the job's ``--output_dir`` (a copy of
 its newest checkpoint without ``trainer_state.json`` and manifest: a save killed half way), which the run must skip.
 

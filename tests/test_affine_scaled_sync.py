@@ -1,4 +1,4 @@
-"""affine_scaled's α_ma is one model on every rank (issue 20, item 5): its batch statistic is all-reduced (sums and
+"""affine_scaled's α_ma is one model on every rank: its batch statistic is all-reduced (sums and
 counts) over the data-parallel group, so after N steps every parameter and buffer is identical across ranks and equal
 to a single-process run over the same global batches.
 

@@ -1,4 +1,4 @@
-"""Saved-activation bytes of one attention call per variant, against SDPA's (issue 27: ≤ 1.05× SDPA's).
+"""Saved-activation bytes of one attention call per variant, against SDPA's.
 
 Counted with ``torch.autograd.graph.saved_tensors_hooks``: the bytes of every distinct storage that autograd saves
 during one training call of the attention function (GPT-2 attention module, B = 2, H = 4, T = 256, head dim 64),

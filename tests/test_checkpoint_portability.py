@@ -1,4 +1,4 @@
-"""A checkpoint whose forward needs hf_condinit loads exactly in plain transformers, or refuses (issue 20, item 1).
+"""A checkpoint whose forward needs hf_condinit loads exactly in plain transformers, or refuses.
 
 Checkpoints of every variant (GPT-2: affine_scaled, attention_sink, preconditioned, unmerged spectral; Llama:
 affine_scaled, attention_sink, spectral; BERT: affine_scaled, preconditioned) are saved with non-trivial holder
@@ -158,7 +158,7 @@ def test_every_variant_loads_exactly_or_refuses_without_the_plugin(tmp_path):
         r = results[path]
         assert r["class"].startswith("CondInit"), r
         assert r["maxdiff"] <= 1e-5, r
-        assert r["passes_requests"] == (kind != "spectral"), r  # attention weights requested under compile (issue 39)
+        assert r["passes_requests"] == (kind != "spectral"), r  # attention weights requested under compile
         # torch.compile refused where the plugin refuses it (torch < 2.7, e.g. the floors; affine_scaled / spectral
         # on 2.11): a portable checkpoint never compiles to wrong gradients either
         assert r["refuses_compile"] == (compile_refusal(models[path][1].config) is not None), r

@@ -1,4 +1,4 @@
-"""``benchmarks/compare.py --depth-sweep`` (issue 21): the full plan, the LR grid's extension and decision rule on
+"""``benchmarks/compare.py --depth-sweep``: the full plan, the LR grid's extension and decision rule on
 hand-written records, and ``--quick`` end to end (tiny sizes, a few steps, BLiMP on a small subset; resumable)."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 35 item 3: ``python -m hf_condinit.compare`` groups run folders by recipe, learning rate and seed (the model
+"""``python -m hf_condinit.compare`` groups run folders by recipe, learning rate and seed (the model
 card's hyperparameters) and prints the paired interval and verdict of hf_condinit.stats, each group's rate, and a
 warning when arms ran at different rates without a grid. Hand-made run folders whose numbers are known."""
 

@@ -142,7 +142,7 @@ def test_compare_quick(tmp_path):
 
     for rec in recs.values():
         assert_blimp_matches(rec, tok, blimp)
-        # provenance of every new record (issue 28): device, commit, command, library versions
+        # provenance of every new record: device, commit, command, library versions
         assert rec["device"] == "cpu" and rec["command"].endswith(" ".join(sys.argv)) and "commit_dirty" in rec
         assert rec["commit"] is None or len(rec["commit"]) == 40
         assert rec["versions"]["torch"] == torch.__version__ and rec["versions"]["transformers"]

@@ -1,4 +1,4 @@
-"""``benchmarks/compare.py --scale-sweep`` (issue 13): the plan of the full mode, the trend fit against a hand-made
+"""``benchmarks/compare.py --scale-sweep``: the plan of the full mode, the trend fit against a hand-made
 data set with a known slope, and ``--quick`` end to end (tiny sizes, a few steps; resumable)."""
 
 import json

@@ -3,7 +3,7 @@
 the mask is built outside the graph), with ``fullgraph=True``, i.e. one graph per block and no graph break, and with
 eager's outputs, gradients and α_ma; ``output_attentions=True`` under compilation gives eager's weights.
 
-Before issue 39 every variant broke a compiled block's graph 4 times (GPT-2, Llama, BERT, GPT-NeoX: 5 graphs):
+Before every variant broke a compiled block's graph 4 times (GPT-2, Llama, BERT, GPT-NeoX: 5 graphs):
 ``wants_attentions`` read transformers' output collector, a ContextVar dynamo cannot trace. Now the model's forward
 pre-hook passes a request for the weights to the blocks as a keyword argument
 (`hf_condinit.attention._common.pass_attention_request`), and the collector is read only where that needs no graph

@@ -1,4 +1,4 @@
-"""The families of issue 19 on real weights, the coverage tool on a fixed list, and refusals of the variants.
+"""The newer decoder families on real weights, the coverage tool on a fixed list, and refusals of the variants.
 
 Each family is built from its shrunk default config (`hf_condinit.layouts.miniature.shrink_config`) through the Auto
 class, as a user would: ``from_config(cfg, condinit=...)``. The checks (`hf_condinit.coverage.check_conditioned`,
@@ -139,7 +139,7 @@ def _tree(root):
 
 def test_coverage_cli_on_a_fixed_list_writes_only_what_it_is_given(tmp_path, monkeypatch, capsys):
     """Run in an empty working folder: the table goes to --out, the counts into README's marked block, and nothing
-    else appears (issue 29 item 2)."""
+    else appears."""
     monkeypatch.chdir(tmp_path)
     docs = tmp_path / "docs"
     docs.mkdir()

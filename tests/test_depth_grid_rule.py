@@ -1,4 +1,4 @@
-"""Issue 35 item 4: one learning-rate grid rule, :func:`hf_condinit.study.plan.choose_rate`, for the study and for
+"""one learning-rate grid rule, :func:`hf_condinit.study.plan.choose_rate`, for the study and for
 ``benchmarks/compare.py --depth-sweep``. Checked against the two rules it replaced, kept here as the references
 (copied from the code before the change): the depth sweep's ladder loop and the study's geometric extension; and on
 the committed depth-sweep records (a read-only copy), which must give the same best rates and the same plan."""
@@ -27,7 +27,7 @@ def _depth():
 
 
 def ladder_reference(grid_lrs, loss_of, ladder):
-    """``benchmarks/_depth.py``'s grid_state loop before issue 35 item 4 (one arm): ``loss_of(lr)`` -> loss (inf
+    """``benchmarks/_depth.py``'s grid_state loop before (one arm): ``loss_of(lr)`` -> loss (inf
     for a diverged run) or None (unfinished)."""
     lrs = list(grid_lrs)
     while True:
@@ -44,7 +44,7 @@ def ladder_reference(grid_lrs, loss_of, ladder):
 
 
 def geometric_reference(lrs, outcome, lr_extend):
-    """``hf_condinit.study.plan.arm_rates`` before issue 35 item 4 (``outcome(lr)``)."""
+    """``hf_condinit.study.plan.arm_rates`` before (``outcome(lr)``)."""
     def step(lo, hi, outward):
         ratio = hi / lo
         return float(f"{(outward / ratio if outward == lo else outward * ratio):.3g}")

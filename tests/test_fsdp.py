@@ -1,4 +1,4 @@
-"""run_clm.py and run_mlm.py under the Trainer's FSDP2 with two CPU processes (gloo), against one process (issue 30).
+"""run_clm.py and run_mlm.py under the Trainer's FSDP2 with two CPU processes (gloo), against one process.
 
 One torchrun launch runs every FSDP job in the same two processes (``tests/fsdp_worker.py``; start-up is paid once),
 and at the same time one plain process runs the single-process references over the same global batches (2 × 4 sequences per step under FSDP,
@@ -17,8 +17,7 @@ process; 2 + 2 resumed steps equal 4 uninterrupted ones bit for bit; ``--model_n
 loading path (``cpu_ram_efficient_loading``) keeps the loaded weights exactly; the saved models reload exactly with
 hf_condinit and, for the variants, without it; the κ callback skips with one line and the run report is written;
 a planted fault (each rank reducing α_ma alone) makes the rank check fail. The rank-0 loading of a model with
-persistent buffers (α_ma) needs :mod:`hf_condinit.scripts.fsdp_compat`'s patch on accelerate < 1.16 (issue 41: every
-rank failed with ``'Tensor' object has no attribute 'device_mesh'`` on 1.15.0); on torch < 2.6 (no FSDP2) the
+persistent buffers (α_ma) needs :mod:`hf_condinit.scripts.fsdp_compat`'s patch on accelerate < 1.16; on torch < 2.6 (no FSDP2) the
 two-process tests are skipped and the config tests check the scripts' one-line refusal instead. 92 s for the file
 on 2 cores shared with other jobs (load average 15; the two launches 68 s of it).
 """
@@ -125,7 +124,7 @@ def runs(tmp_path_factory):
                         "--resume_from_checkpoint", str(where / "affine" / "checkpoint-2")]),
         *[job(tag, [*clm(VARIANTS[tag], PER_RANK), *_fsdp("gpt2-472m"), "--save_strategy", "no"])
           for tag in ("sink", "precond", "spectral")],
-        # issue 36: the chunked LM-head loss reads the head's weight outside its forward, under full_shard
+        # the chunked LM-head loss reads the head's weight outside its forward, under full_shard
         job("chunked", [*clm(VARIANTS["precond"], PER_RANK), *_fsdp("gpt2-1.72b"), "--save_strategy", "no",
                         "--lm_head_ce", "chunked"]),
         job("loaded", ["--use_cpu", "--model_name_or_path", str(where / "affine"), "--train_file",
@@ -135,7 +134,7 @@ def runs(tmp_path_factory):
         job("mlm", [*MLM, "--per_device_train_batch_size", str(PER_RANK),
                     *_fsdp("crammed-bert")], script="run_mlm.py"),
         job("fault", [*clm(VARIANTS["affine"], PER_RANK), *_fsdp("gpt2-472m"), "--save_strategy", "no"], fault=True),
-        # issue 34: SIGTERM on rank 1 alone during step 2; the rerun skips a planted damaged checkpoint-3
+        # SIGTERM on rank 1 alone during step 2; the rerun skips a planted damaged checkpoint-3
         job("sigterm", [*clm(VARIANTS["affine"], PER_RANK), *_fsdp("gpt2-1.72b"), "--save_strategy", "no"],
             signal=[1, 2]),
         job("sigterm-rerun", [*clm(VARIANTS["affine"], PER_RANK), *_fsdp("gpt2-1.72b"), "--save_strategy", "no"],
@@ -268,7 +267,7 @@ def test_resume_is_exact(runs):
 
 @multi_process
 def test_sigterm_on_one_rank_stops_every_rank_and_the_rerun_is_exact(runs):
-    """Issue 34: a signal on rank 1 alone stops both ranks after the same step with one complete (atomic) FSDP
+    """a signal on rank 1 alone stops both ranks after the same step with one complete (atomic) FSDP
     checkpoint; the rerun of the same command skips a damaged newer checkpoint with a warning and ends bit-equal to
     the uninterrupted run on every rank."""
     where, log = runs
@@ -287,7 +286,7 @@ def test_sigterm_on_one_rank_stops_every_rank_and_the_rerun_is_exact(runs):
 
 @multi_process
 def test_fsdp_checkpoint_killed_at_every_stage_or_damaged_is_skipped(runs, tmp_path):
-    """Issue 34 on FSDP2's checkpoint files: a copy of the run with checkpoint-4's save stopped after each file
+    """Long runs survive the cluster on FSDP2's checkpoint files: a copy of the run with checkpoint-4's save stopped after each file
     (staged, as this plugin saves; and in place, as an older version saved) or with one file truncated resumes from
     checkpoint-2."""
     where, _ = runs

@@ -21,7 +21,7 @@ from utils import REPO, load_script
 gpu_check = load_script("benchmarks/gpu_check.py", "gpu_check")
 from _gpu_check import RUN_ORDER, correctness, init_cost, judge, matrix, report, runner, speed, training  # noqa: E402
 
-BLOCKED = ("deepspeed", "datasets", "evaluate")  # absent on the GPU machine (issue 23)
+BLOCKED = ("deepspeed", "datasets", "evaluate")  # absent on the GPU machine
 CPU = torch.device("cpu")
 
 

@@ -309,7 +309,7 @@ def test_bad_condinit_values(value, pattern):
 
 
 def test_from_config_refuses_options_the_recipe_never_reads():
-    """issue 11.17 at the library level: a user's condinit dict with an option its method (or attention) ignores is an
+    """At the library level: a user's condinit dict with an option its method (or attention) ignores is an
     error naming the option, not a silently recorded no-op; the same options are accepted where they are read."""
     cfg = mini_config("gpt2")
     with pytest.raises(ValueError, match="value_init is read by method 'conditioned' only"):

@@ -1,4 +1,4 @@
-"""Issue 22 items 4 and 6: κ lower bounds are marked wherever κ is shown (kappa.png, the compare table and figure,
+"""κ lower bounds are marked wherever κ is shown (kappa.png, the compare table and figure,
 the model card, the console line, ``print(report)``), never passed off as measurements; compare figures label each
 arm with its recipe; the card names a warm-up ratio as a ratio."""
 
@@ -144,7 +144,7 @@ def test_console_line_is_one_short_line(report):
                            f"over 2 layer(s)") and "\n" not in line and "≥" not in line
 
 
-# ---- issue 29 item 6: what the bounds beside κ bound ---------------------------------------------------------------
+# ---- what the bounds beside κ bound ---------------------------------------------------------------
 F64 = torch.float64
 
 

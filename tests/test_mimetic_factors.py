@@ -1,6 +1,6 @@
 """`mimetic_factors`' paths against the exact answer (a float64 SVD), and mimetic init through them.
 
-The requirement (issue 27, replacing issue 19's pinned product): mimetic init is judged by what it is for,
+The requirement: mimetic init is judged by what it is for,
 ‖A − L R‖_F within 1e-4 relative of the Eckart–Young optimum ‖A − A_r‖_F (A_r the best rank-r truncation, from a
 float64 full SVD); with a flat spectrum at the cut the best rank-r product is not unique, so the product itself is
 not pinned. Full rank (r ≥ D): L R = A. The draws are unchanged (`mimetic_target` is untouched), and below
@@ -28,7 +28,7 @@ TOL = 1e-4
 
 
 def original_factors(a: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The implementation before issue 19: full fp32 SVD, sliced."""
+    """The implementation before: full fp32 SVD, sliced."""
     u, s, vh = torch.linalg.svd(a)
     root = s.sqrt()
     return (u * root)[:, :r], (root[:, None] * vh)[:r]

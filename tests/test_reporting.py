@@ -180,7 +180,7 @@ def test_image_classifier_card(tmp_path):
     assert f"Built from the local config / model `{tmp_path / 'vit.json'}`." in card.text
     assert f"| eval_accuracy | {metrics['eval_accuracy']:.4g} |" in card.text
     assert _png(tmp_path / "loss.png") and not (tmp_path / "kappa.png").exists()
-    assert "### Training results" not in card.text  # issue 22: no evaluation during training, no empty table
+    assert "### Training results" not in card.text  # no evaluation during training, no empty table
 
 
 def _end_of_training(out, log_history, **kw):
@@ -197,7 +197,7 @@ def test_figure_errors_are_warnings(tmp_path, caplog):
     assert "kappa.png" in caplog.text and "condition_number.jsonl:2" in caplog.text
 
     caplog.clear()
-    with caplog.at_level(logging.INFO):  # issue 22: fewer than two losses is no figure and no warning
+    with caplog.at_level(logging.INFO):  # fewer than two losses is no figure and no warning
         _end_of_training(tmp_path / "empty", [])
         _end_of_training(tmp_path / "one", [{"loss": 2.0, "step": 1}, {"eval_loss": 2.1, "step": 1}])
     assert not (tmp_path / "empty" / "loss.png").exists() and not (tmp_path / "one" / "loss.png").exists()
@@ -317,7 +317,7 @@ def _tree(root):
 
 
 def test_compare_cli_writes_table_and_figures_only_under_out(tmp_path, monkeypatch, capsys):
-    """Issue 29 item 2: run from an empty folder, compare writes nothing without --out, and with it only there."""
+    """run from an empty folder, compare writes nothing without --out, and with it only there."""
     runs = tmp_path / "runs"
     runs.mkdir()
     a = _fake_run(runs, "A", {10: 4.0, 20: 3.0}, 2.9, kappa=[(0, [100.0]), (20, [90.0])])

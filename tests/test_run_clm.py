@@ -136,7 +136,7 @@ def test_synthetic_default_runs_and_reports_accuracy(tmp_path):
     assert 0.0 <= ev["eval_recall_accuracy"] <= 1.0 and math.isfinite(ev["perplexity"])
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert model.config.n_layer == 2 and model.config.vocab_size == 3 + 32 + 32
-    # issue 11 item 10: the same command again must not silently redo (and overwrite) the finished run
+    # the same command again must not silently redo (and overwrite) the finished run
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
     with pytest.raises(UsageError, match=r"already holds a finished run; pass a new --output_dir .* or "
                                          r"--resume_from_checkpoint"):
@@ -164,7 +164,7 @@ def test_defaults_apply_only_when_not_given(tmp_path, capsys):
 
 
 def test_each_arm_gets_its_own_default_output_dir():
-    """Issue 11 item 10: every --init/--attention/spectral arm had the same default folder (runs/clm-default)."""
+    """every --init/--attention/spectral arm had the same default folder (runs/clm-default)."""
     dirs = {run_clm.parse(arm)[0][3].output_dir for arm in (
         [], ["--init", "conditioned"], ["--init", "mimetic"], ["--attention", "affine_scaled"],
         ["--init", "conditioned", "--spectral_lambda", "10"],
@@ -174,7 +174,7 @@ def test_each_arm_gets_its_own_default_output_dir():
 
 
 def test_a_flag_given_takes_effect_over_the_embedded_defaults():
-    """Issue 11 item 11: --save_steps 20 alone saved nothing on the embedded default (its save_strategy 'no')."""
+    """--save_steps 20 alone saved nothing on the embedded default (its save_strategy 'no')."""
     t = run_clm.parse(["--save_steps", "20"])[0][3]
     assert t.save_strategy == "steps" and t.save_steps == 20
     t = run_clm.parse(["--eval_steps", "5"])[0][3]
@@ -248,16 +248,16 @@ def test_bad_input_errors(tmp_path, no_work):
         (["--train_file", str(text), "--model_config", "no-such-config"], "not a config"),
         (["--init", "fancy"], r"unknown --init 'fancy'; choose one of: default, mimetic, conditioned, orthogonal "
                               r"\(alias of conditioned\)"),
-        # issue 11 item 17: options the method / attention never reads
+        # options the method / attention never reads
         (["--init", "mimetic", "--value_init", "per_head"], "value_init is read by method 'conditioned' only"),
         (["--init", "conditioned", "--mimetic_beta1", "0.2"], "mimetic_beta1 is read by method 'mimetic' only"),
         (["--affine_rho", "0.5"], "affine_rho is read by attention 'affine_scaled' only, not 'default'"),
         (["--spectral_mode", "svd"], "spectral_mode is read only with spectral_lambda set"),
-        # issue 11 item 16: attention implementations that cannot run here / on GPT-2
+        # attention implementations that cannot run here / on GPT-2
         (["--attention", "flash_attention_2"], "needs a GPU"),
         (["--attention", "flex_attention"], "GPT2LMHeadModel does not support .*flex_attention"),
         (["--attention", "paged|eager"], "continuous batching"),
-        # issue 11 item 19: a loaded model is never re-initialised
+        # a loaded model is never re-initialised
         (["--model_name_or_path", str(tmp_path), "--train_file", str(text), "--init", "conditioned"],
          "--init cannot be used with --model_name_or_path"),
         (["--model_name_or_path", str(tmp_path), "--train_file", str(text), "--qk_gain", "2"],
@@ -281,7 +281,7 @@ def test_bad_input_errors(tmp_path, no_work):
 
 def test_bad_data_gets_one_line_naming_the_file_and_leaves_nothing(tmp_path, capsys, monkeypatch,
                                                                  deepspeed_in_process):
-    """Issue 11 items 13 and 14: random bytes, a 5-line file, a malformed DeepSpeed JSON and a JSONL with too few
+    """random bytes, a 5-line file, a malformed DeepSpeed JSON and a JSONL with too few
     tokens each print one line naming the file, exit 2, build no model and leave no output folder."""
 
     def boom(*a, **k):
@@ -322,7 +322,7 @@ def test_a_real_bug_keeps_its_traceback(monkeypatch):
 
 
 def test_deepspeed_without_accelerator_takes_the_cpu_path(tmp_path, capsys, deepspeed_in_process):
-    """Issue 11 item 15: without --use_cpu on a machine with no GPU, DeepSpeed failed on a batch-size mismatch."""
+    """without --use_cpu on a machine with no GPU, DeepSpeed failed on a batch-size mismatch."""
     from hf_condinit.scripts_common import has_accelerator
 
     if has_accelerator():
@@ -334,7 +334,7 @@ def test_deepspeed_without_accelerator_takes_the_cpu_path(tmp_path, capsys, deep
 
 
 def test_non_finite_option_never_ends_in_success(tmp_path):
-    """Issue 11 item 9: --qk_gain nan exited 0 with "perplexity": NaN. It must be refused (UsageError) or stop the run
+    """--qk_gain nan exited 0 with "perplexity": NaN. It must be refused (UsageError) or stop the run
     (NonFiniteLossError), and write no results."""
     with pytest.raises((UsageError, NonFiniteLossError)):
         run_clm.main(_common(tmp_path) + [
@@ -346,7 +346,7 @@ def test_non_finite_option_never_ends_in_success(tmp_path):
 
 @needs_tinystories
 def test_continue_pretraining_from_a_saved_model(ts_file, tmp_path):
-    """Issue 11 item 19: --model_name_or_path (and --torch_dtype) continue a saved run on new data, with its own
+    """--model_name_or_path (and --torch_dtype) continue a saved run on new data, with its own
     tokenizer and its weights as loaded (lr 0: the result equals the loaded model bit for bit)."""
     run_clm.main(_text_args(ts_file, tmp_path, out="first", steps=2) + ["--init", "conditioned", "--do_train"])
     second = [a for a in _text_args(ts_file, tmp_path, out="second", steps=2) if a not in ("gpt2-tiny", "--model_config")]
@@ -361,7 +361,7 @@ def test_continue_pretraining_from_a_saved_model(ts_file, tmp_path):
 
 
 def test_torch_compile_trains_with_run_clms_own_set_up(tmp_path):
-    """issue 27 item 1: ``--torch_compile`` through run_clm.py's own model set-up (the conditioned init, spectral
+    """``--torch_compile`` through run_clm.py's own model set-up (the conditioned init, spectral
     conditioning's forward hooks, the throughput callback) trains compiled, with no graph break. The ``aot_eager``
     backend runs dynamo and AOTAutograd (what breaks a graph) without inductor's C++ build. Accelerate's regional
     compilation, for every variant: the test below; the attention variants' compile per model in
@@ -392,10 +392,10 @@ def test_torch_compile_trains_with_run_clms_own_set_up(tmp_path):
                                      ["--attention", "attention_sink"], ["--attention", "preconditioned"]],
                          ids=["affine_scaled+spectral", "attention_sink", "preconditioned"])
 def test_regional_compilation_trains_every_variant_without_a_graph_break(tmp_path, monkeypatch, variant):
-    """issue 39 item 3: ``--torch_compile`` with accelerate's regional compilation
+    """``--torch_compile`` with accelerate's regional compilation
     (``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1``, docs/pretraining.md "Compiling"), each attention variant
     (spectral conditioning with affine_scaled): 0 graph breaks, and 6 graphs, one per region: wte, wpe, drop, the
-    two blocks (one graph), ln_f, lm_head (compiled as a whole the model is 1 graph). Before issue 39 every variant
+    two blocks (one graph), ln_f, lm_head (compiled as a whole the model is 1 graph). Before, every variant
     broke each compiled block 4 times (transformers' output collector read in the attention function)."""
     import torch._dynamo
     from torch._dynamo.utils import counters

@@ -75,12 +75,12 @@ def test_zero2_two_processes_deepspeed_launcher(ts_file, tmp_path):
     log = _run("deepspeed", "zero2.json", ts_file, out, ["--max_steps", "3", "--learning_rate", "1e-3",
                                                          "--save_strategy", "steps", "--save_steps", "2"])
     assert log.count("launched by deepspeed: world size 2, device cpu, DeepSpeed ZeRO-2") == 1  # rank 0 only
-    # issue 34: DeepSpeed's checkpoint (its global_step folder, every rank's optimizer shard) published whole
+    # DeepSpeed's checkpoint (its global_step folder, every rank's optimizer shard) published whole
     assert check_checkpoint(str(out / "checkpoint-2")) is None and not (out / STAGING_DIR).exists()
     manifest = json.loads((out / "checkpoint-2" / MANIFEST_NAME).read_text())["files"]
     assert {"latest", "global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt",
             "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= set(manifest), sorted(manifest)
-    assert "DeepSpeed enabled" not in log  # issue 22: no per-rank WARNING line any more
+    assert "DeepSpeed enabled" not in log  # no per-rank WARNING line any more
     losses = _losses(out)
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     ev = json.loads((out / "eval_results.json").read_text())
@@ -121,7 +121,7 @@ def test_zero3_single_process_without_launcher(ts_file, tmp_path):
 
 
 def test_zero3_chunked_lm_head_loss_trains_like_the_models_own(ts_file, tmp_path):
-    """Issue 36's chunked LM-head loss under ZeRO-3 on two ranks (the 1.72B command's engine): it reads the head's
+    """the chunked LM-head loss under ZeRO-3 on two ranks (the 1.72B command's engine): it reads the head's
     weight outside the head's forward, which ZeRO-3 partitions unless told (the head registered as an external
     parameter of the model). Every parameter partitioned (persistence threshold 0), nothing kept gathered between
     modules: the same losses step by step and the same trained model as ``--lm_head_ce default`` (SGD: Adam's first

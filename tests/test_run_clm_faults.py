@@ -1,4 +1,4 @@
-"""Issue 34: long runs survive the cluster. run_clm.py in-process on a tiny GPT-2 (TinyStories, 6 steps, a checkpoint
+"""Long runs survive the cluster. run_clm.py in-process on a tiny GPT-2 (TinyStories, 6 steps, a checkpoint
 every 2), against one uninterrupted reference run:
 
 - every checkpoint is published whole (manifest last, no staging left); each damaged file of the newest checkpoint

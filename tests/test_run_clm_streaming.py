@@ -1,4 +1,4 @@
-"""Issue 37: ``--streaming`` for ``run_clm.py`` / ``run_mlm.py``: the same blocks in the same order as the cached
+"""``--streaming`` for ``run_clm.py`` / ``run_mlm.py``: the same blocks in the same order as the cached
 path, a streamed run that resumes exactly, and the one-line errors. Tiny text made in the test, no hub."""
 
 import json

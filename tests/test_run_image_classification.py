@@ -189,7 +189,7 @@ def test_swin_from_a_config_path(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# the script policy shared with run_clm.py / run_mlm.py / run_glue.py (issue 11 items 10-19, issue 12)
+# the script policy shared with run_clm.py / run_mlm.py / run_glue.py
 
 
 @pytest.fixture

@@ -157,7 +157,7 @@ def test_parse_config_overrides_casts_with_the_reference_types():
 
 
 def test_default_output_dir_per_arm_and_loaded_model_flags(tmp_path):
-    """Issue 11 items 10 and 19 for run_mlm.py / run_glue.py: one default folder per arm (HF's default was the
+    """For run_mlm.py / run_glue.py: one default folder per arm (HF's default was the
     shared 'trainer_output'); --init with a loaded model is refused instead of ignored with a warning."""
     from hf_condinit.scripts_common import UsageError
 

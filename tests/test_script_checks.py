@@ -1,4 +1,4 @@
-"""Issue 22 items 1-3, in all four scripts through the shared code (hf_condinit.scripts): every numeric and choice
+"""In all four scripts through the shared code (hf_condinit.scripts): every numeric and choice
 flag checked before any work (one line, exit 2, no output folder), the run modes (train and evaluate by default,
 nothing-to-do refused), and the launch line (launcher, world size, device; a multi-process launch that got one
 process says so)."""
@@ -155,7 +155,7 @@ def test_accelerate_cpu_with_two_processes_prints_the_one_process_line(tmp_path)
     assert "run_clm.py: error: --train_file" in err and not (tmp_path / "o").exists()
 
 
-# ---- issue 29 item 5: every folder a script writes, checked before any work ---------------------------------------
+# ---- every folder a script writes, checked before any work ---------------------------------------
 def _fail_fast(script, argv, capsys):
     """Run ``script`` with ``argv`` (after its minimal flags); return its one error line. The data flags of
     SCRIPT_ARGS name files that do not exist, so an error about anything else shows it came first."""

@@ -156,7 +156,7 @@ def _tiny_trainer(tmp_path, **kwargs):
 
 @pytest.mark.parametrize("nan_filter", [False, True])
 def test_non_finite_loss_stops_the_run_with_an_error(tmp_path, nan_filter):
-    """Issue 11 item 9: a NaN loss must end in an error, also under HF's default logging_nan_inf_filter (which
+    """a NaN loss must end in an error, also under HF's default logging_nan_inf_filter (which
     hides a NaN step loss; the NaN gradient norm is still logged)."""
     trainer = _tiny_trainer(tmp_path, logging_nan_inf_filter=nan_filter)
     assert any(isinstance(cb, NonFiniteLossCallback) for cb in trainer.callback_handler.callbacks)
@@ -269,7 +269,7 @@ def test_non_finite_callback_reads_every_loss_key():
 
 
 def test_resume_of_tied_weights_is_quiet(tmp_path):
-    """Issue 11 item 18: resuming GPT-2 warned "missing keys ['lm_head.weight']" (tied to wte; saved once)."""
+    """resuming GPT-2 warned "missing keys ['lm_head.weight']" (tied to wte; saved once)."""
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging as hf_logging
 
@@ -290,7 +290,7 @@ def test_resume_of_tied_weights_is_quiet(tmp_path):
 
 
 def test_report_to_tensorboard_works(tmp_path):
-    """Issue 11 item 12: TensorBoardCallback requires tensorboard, now a dependency (pyproject.toml)."""
+    """TensorBoardCallback requires tensorboard, now a dependency (pyproject.toml)."""
     from transformers.integrations import TensorBoardCallback
 
     trainer = _tiny_trainer(tmp_path)
@@ -300,7 +300,7 @@ def test_report_to_tensorboard_works(tmp_path):
 
 
 def test_options_the_method_does_not_read_are_refused():
-    """Issue 11 item 17, for library users' condinit dicts (an option at its default value is never refused, so a
+    """For library users' condinit dicts (an option at its default value is never refused, so a
     stored config.condinit, which holds every option, still loads)."""
     with pytest.raises(ValueError, match="value_init is read by method 'conditioned' only, not 'mimetic'"):
         check_options_apply({"method": "mimetic", "value_init": "per_head"})
@@ -314,7 +314,7 @@ def test_options_the_method_does_not_read_are_refused():
 
 
 def test_a_run_prints_what_a_user_needs(tmp_path):
-    """Issue 11 item 18, as a user runs it: no pin_memory / loss_type / DeepSpeed lines, DeepSpeed not imported
+    """As a user runs it: no pin_memory / loss_type / DeepSpeed lines, DeepSpeed not imported
     without --deepspeed; the result line is there."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     code = (
@@ -332,6 +332,6 @@ def test_a_run_prints_what_a_user_needs(tmp_path):
     for noise in ("pin_memory", "loss_type", "Setting accelerator", "missing keys", "Traceback"):
         assert noise not in logs, logs
     assert "DEEPSPEED_IMPORTED False" in logs and "run_clm result (default, sdpa)" in logs
-    assert proc.stdout.count("run_clm.py: launched by python: world size 1, device cpu") == 1  # issue 22 item 3
+    assert proc.stdout.count("run_clm.py: launched by python: world size 1, device cpu") == 1
     results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert math.isfinite(results["perplexity"])

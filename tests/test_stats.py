@@ -1,4 +1,4 @@
-"""Issue 35 item 2: the verdict rule lives in the library (hf_condinit.stats); benchmarks/_verdict.py re-exports it
+"""The verdict rule lives in the library (hf_condinit.stats); benchmarks/_verdict.py re-exports it
 (no copy), and the library alone, on the committed records, gives the intervals and verdicts README.md states.
 (The rule itself against scipy and hand examples: tests/test_verdict.py; every generated block: test_findings.py.)"""
 

@@ -1,4 +1,4 @@
-"""Issue 37: ``--streaming`` under several processes (DDP, FSDP, ZeRO): each rank reads, tokenizes and packs its own
+"""``--streaming`` under several processes (DDP, FSDP, ZeRO): each rank reads, tokenizes and packs its own
 share of the training stream (``hf_condinit.data.streaming.split_by_rank``) and the ``CondInitTrainer`` loads that
 share as it is, resumed runs included. Two CPU ranks over gloo (torchrun, ``tests/streaming_ranks_worker.py``)
 against the one-process stream of the same file."""

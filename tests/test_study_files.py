@@ -1,4 +1,4 @@
-"""Issue 35 item 4: the one claim primitive (:mod:`hf_condinit.study.files`) of the study's workers and of the
+"""the one claim primitive (:mod:`hf_condinit.study.files`) of the study's workers and of the
 benchmark harness (``benchmarks/_common.run_slot``): a live ``flock`` holder (another process, locking with plain
 ``fcntl``, not this code) holds the path; a lock file without one is free, including a harness ``<record>.lock`` of
 the old PID-file format left by a dead process; the kernel frees the claim of a killed holder."""
@@ -61,7 +61,7 @@ def test_a_live_holder_takes_the_path_and_its_death_frees_it(tmp_path, holder):
 def test_an_old_pid_lock_file_of_a_dead_worker_is_free(tmp_path):
     path = tmp_path / "runs" / "seed0.json.lock"
     path.parent.mkdir()
-    path.write_text(str(_dead_pid()))  # the harness's claim before issue 35 item 4: the claimant's PID
+    path.write_text(str(_dead_pid()))  # the harness's claim before: the claimant's PID
     assert not files.is_claimed(str(path))
     with files.claimed(str(path)) as fd:
         assert fd is not None and "host" in path.read_text()

@@ -1,4 +1,4 @@
-"""The attention variants on the newer decoder families (issue 19): the guarantees the gpt2/llama tests give.
+"""The attention variants on the newer decoder families: the guarantees the gpt2/llama tests give.
 
 For each family (2-layer, 64-wide miniatures of the default config, `hf_condinit.layouts.miniature.shrink_config`;
 gemma3_text keeps a sliding and a global layer, its window (4) shorter than the inputs) and each variant, in float32:

@@ -1,4 +1,4 @@
-"""benchmarks/versions_report.py (issue 41): records -> "Supported versions" table rows, crashes shown as crashes;
+"""benchmarks/versions_report.py: records -> "Supported versions" table rows, crashes shown as crashes;
 noxfile.py's rows. Fast: synthetic records, no environment is made."""
 
 import ast

@@ -59,7 +59,7 @@ def load_script(relative_path: str, name: str | None = None):
 
 def checkpoint_write_order(folder) -> list[str]:
     """The files of a checkpoint folder (relative paths) in the order they were written (mtime), its manifest last:
-    the stages at which a kill during its save can stop (issue 34)."""
+    the stages at which a kill during its save can stop."""
     import os
 
     from hf_condinit.scripts.checkpoints import MANIFEST_NAME

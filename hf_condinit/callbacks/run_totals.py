@@ -1,7 +1,7 @@
 """The run's totals over every resumed segment: :class:`RunTotalsCallback`.
 
 The stock Trainer's ``train_loss`` and ``train_runtime`` cover only the steps of the current ``train()`` call, so a
-resumed run reports the loss of its last segment (7.03 against 7.43 uninterrupted in issue 34's example).
+resumed run reports the loss of its last segment (7.03 against 7.43 uninterrupted in the example).
 :class:`hf_condinit.scripts.trainer.CondInitTrainer` adds every training step's loss (the value the Trainer itself
 accumulates) to this callback and stores :meth:`RunTotalsCallback.snapshot` in each checkpoint's
 ``trainer_state.json`` (``stateful_callbacks["hf_condinit_run_totals"]``); a resumed run starts from it.

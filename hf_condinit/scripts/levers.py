@@ -1,4 +1,4 @@
-"""The speed levers of ``run_clm.py`` that HF's ``TrainingArguments`` lacks (issue 36): a padded vocabulary and the
+"""The speed levers of ``run_clm.py`` that HF's ``TrainingArguments`` lacks: a padded vocabulary and the
 chunked LM-head cross-entropy (:mod:`hf_condinit.lm_head`), as the fields of :class:`SpeedLeverArguments` (a
 script's ``ModelArguments`` inherits them), checked before any work (:func:`check_speed_levers`) and applied to the
 built model (:func:`apply_speed_levers`); a resume whose checkpoint holds another vocabulary size than the run would

@@ -1,4 +1,4 @@
-"""A fair A/B study on your own model and data, one command (issue 35): arms × seeds × each arm's own learning
+"""A fair A/B study on your own model and data, one command: arms × seeds × each arm's own learning
 rate, every cell an ordinary run folder of the wrapped command, the paired verdict of :mod:`hf_condinit.stats`::
 
     python -m hf_condinit.study --arms default conditioned --seeds 3 --lr 1e-3 3e-3 --out STUDY \\
