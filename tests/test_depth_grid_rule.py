@@ -1,4 +1,4 @@
-"""one learning-rate grid rule, :func:`hf_condinit.study.plan.choose_rate`, for the study and for
+"""One learning-rate grid rule, :func:`hf_condinit.study.plan.choose_rate`, for the study and for
 ``benchmarks/compare.py --depth-sweep``. Checked against the two rules it replaced, kept here as the references
 (copied from the code before the change): the depth sweep's ladder loop and the study's geometric extension; and on
 the committed depth-sweep records (a read-only copy), which must give the same best rates and the same plan."""

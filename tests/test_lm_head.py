@@ -1,4 +1,4 @@
-"""the LM-head levers (hf_condinit.lm_head), against independent references on CPU:
+"""The LM-head levers (hf_condinit.lm_head), against independent references on CPU:
 
 - the chunked cross-entropy gives transformers' own ``ForCausalLMLoss`` on the full logits, and the same gradients
   for the hidden states, weight and bias, in fp32 and under bf16 autocast, with ``-100`` targets, the Trainer's

@@ -1,4 +1,4 @@
-"""the speed levers through ``run_clm.py`` (docs/pretraining.md, "Speed levers"), on CPU, synthetic corpus:
+"""The speed levers through ``run_clm.py`` (docs/pretraining.md, "Speed levers"), on CPU, synthetic corpus:
 
 - ``--pad_vocab_to_multiple_of`` and ``--lm_head_ce chunked``, alone and together, train the same losses as the
   default run of the same seed (the padded model is built unpadded, then padded: same initial weights), and the

@@ -1,4 +1,4 @@
-"""the scripts take HF's own ``run_*.py`` flags: ``--model_type`` + ``--config_overrides`` (train from
+"""The scripts take HF's own ``run_*.py`` flags: ``--model_type`` + ``--config_overrides`` (train from
 scratch), the hub fields (``--model_revision``, ``--trust_remote_code``, ``--use_fast_tokenizer``, ``--dtype``,
 ``--config_name``, ``--train_dir``), ``run_glue.py`` on one's own csv / json files without ``--task_name``, and
 refuse what cannot work with one line each. Tiny models, a few steps, no hub."""

@@ -1,4 +1,4 @@
-"""the one claim primitive (:mod:`hf_condinit.study.files`) of the study's workers and of the
+"""The one claim primitive (:mod:`hf_condinit.study.files`) of the study's workers and of the
 benchmark harness (``benchmarks/_common.run_slot``): a live ``flock`` holder (another process, locking with plain
 ``fcntl``, not this code) holds the path; a lock file without one is free, including a harness ``<record>.lock`` of
 the old PID-file format left by a dead process; the kernel frees the claim of a killed holder."""

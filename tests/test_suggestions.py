@@ -1,4 +1,4 @@
-"""a misspelt flag, model type, attention or config name gets the closest known one, in the one
+"""A misspelt flag, model type, attention or config name gets the closest known one, in the one
 error line (exit 2, before any work); a missing local --model_name_or_path folder says so instead of transformers'
 "Repo id must be in the form ...".
 """
