@@ -216,3 +216,65 @@ def _assert_same_run(out, reference):
     assert state["global_step"] == 4 and not (out / "checkpoint-5").exists()
     assert weights.keys() == ref_weights.keys() and all(torch.equal(weights[k], ref_weights[k]) for k in weights)
     assert eval_loss == ref_eval_loss and train["train_loss"] == ref_train["train_loss"]
+
+
+def _model_trainer(out, build, batch, **kwargs):
+    torch.manual_seed(0)
+    model = build()
+    args = TrainingArguments(output_dir=str(out), use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                             logging_steps=1, save_strategy="steps", save_steps=2, max_steps=4, disable_tqdm=True,
+                             seed=0, lr_scheduler_type="constant", learning_rate=1e-2, **kwargs)
+    return CondInitTrainer(model=model, args=args, train_dataset=[batch(i) for i in range(16)])
+
+
+def _vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    return ViTForImageClassification(ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                               intermediate_size=32, image_size=8, patch_size=4, num_labels=3))
+
+
+def _vit_batch(i):
+    g = torch.Generator().manual_seed(i)
+    return {"pixel_values": torch.randn(3, 8, 8, generator=g), "labels": torch.tensor(i % 3)}
+
+
+def _moe():
+    from transformers import Qwen3MoeConfig
+
+    return AutoModelForCausalLM.from_config(Qwen3MoeConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2))
+
+
+def _lm_batch(i):
+    ids = (torch.arange(8) * (i + 1)) % 32
+    return {"input_ids": ids, "labels": ids}
+
+
+@needs_trainer_resume
+@pytest.mark.parametrize("build, batch", [(_vit, _vit_batch), (_moe, _lm_batch)], ids=["vit-renamed", "moe-fused"])
+def test_a_checkpoint_in_the_original_format_resumes_exactly(tmp_path, build, batch):
+    """transformers saves these models under their original names (ViT's renamed modules; MoE experts one per
+    expert), which the stock resume cannot load: it warned and trained on from the new model's weights. The resumed
+    run ends with the uninterrupted run's weights, bit for bit."""
+    full = _model_trainer(tmp_path / "full", build, batch)
+    full.train()
+    saved = load_file(str(tmp_path / "full" / "checkpoint-2" / "model.safetensors"))
+    assert not set(saved) <= set(full.model.state_dict())  # the checkpoint really is in another format
+    again = _model_trainer(tmp_path / "again", build, batch)
+    again.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
+    reference = full.model.state_dict()
+    assert all(torch.equal(v, reference[k]) for k, v in again.model.state_dict().items())
+
+
+@needs_trainer_resume
+def test_a_checkpoint_that_leaves_a_weight_unset_is_refused(tmp_path):
+    full = _trainer(tmp_path / "full", max_steps=2)
+    full.train()
+    folder = tmp_path / "full" / "checkpoint-1"
+    weights = load_file(str(folder / "model.safetensors"))
+    weights.pop("transformer.h.0.attn.c_attn.weight")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UsageError, match=r"checkpoint-1 holds no weights for 1 parameters .*c_attn.weight"):
+        _trainer(tmp_path / "again", max_steps=2).train(resume_from_checkpoint=str(folder))

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 
-from . import checkpoints
+from . import checkpoint_weights, checkpoints
 from .arguments import CondInitArguments
 
 
@@ -53,6 +53,10 @@ class CondInitTrainer(_Trainer):
       :class:`hf_condinit.callbacks.TrainingPreempted` rather than returning, so that no caller takes the partly
       trained model for a finished one;
     - a run resumed from a checkpoint at its last step trains nothing and finishes from it (:meth:`_run_epoch`);
+    - a checkpoint whose weights transformers saved in the model's original format (ViT, GPT-NeoX, Gemma 3, MoE
+      experts, ...) is resumed through transformers' own conversion, and one that leaves a weight of the model unset
+      is refused (:meth:`_load_from_checkpoint`, :mod:`.checkpoint_weights`): the stock Trainer warns and trains on
+      from the freshly built weights;
     - the run's loss, wall time and segment count span resumes (:class:`hf_condinit.callbacks.RunTotalsCallback`,
       ``self.run_totals``);
     - a training stream that is already this rank's own share (``--streaming`` under several processes:
@@ -65,7 +69,7 @@ class CondInitTrainer(_Trainer):
 
         self.preemption, self.run_totals = PreemptionCallback(), RunTotalsCallback()
         self.non_finite = NonFiniteLossCallback()
-        self._staging_root = None
+        self._staging_root = self._loading_from = None
         extra = [self.non_finite, self.preemption, self.run_totals]
         super().__init__(*args, callbacks=[*(callbacks or []), *extra], **kwargs)
 
@@ -138,9 +142,49 @@ class CondInitTrainer(_Trainer):
         skip = no_decay_parameter_names(model)
         return [n for n, _ in model.named_parameters() if n not in skip]
 
+    def _loads_safetensors_itself(self, model, folder: str) -> bool:
+        """Whether the stock load of ``folder`` (plain, not DeepSpeed / FSDP / PEFT) would miss weights saved in the
+        original format of a model that transformers converts on loading (:mod:`.checkpoint_weights`)."""
+        plain = not (self.is_deepspeed_enabled or self.is_fsdp_enabled) and getattr(model, "peft_config", None) is None
+        return plain and checkpoint_weights.saved_under_other_names(model, folder)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None) -> None:
+        """The stock load, except for weights saved under other names than the model's (a model whose weights
+        transformers converts: ViT, GPT-NeoX, Gemma 3, MoE experts, ...), loaded through that conversion
+        (:func:`.checkpoint_weights.weights_in_model_names`); a load that leaves a weight unset is refused
+        (:meth:`_issue_warnings_after_load`)."""
+        target = self.model if model is None else model
+        self._loading_from = resume_from_checkpoint
+        try:
+            if not self._loads_safetensors_itself(target, resume_from_checkpoint):
+                return super()._load_from_checkpoint(resume_from_checkpoint, model)
+            state = checkpoint_weights.weights_in_model_names(target, resume_from_checkpoint)
+            self._issue_warnings_after_load(target.load_state_dict(state, strict=False))
+        finally:
+            self._loading_from = None
+
+    def _load_best_model(self) -> None:
+        """The stock ``load_best_model_at_end``, through :meth:`_load_from_checkpoint` for weights saved under other
+        names than the model's."""
+        best = self.state.best_model_checkpoint
+        if self._loads_safetensors_itself(self.model, best):
+            return self._load_from_checkpoint(best)
+        self._loading_from = best
+        try:
+            return super()._load_best_model()
+        finally:
+            self._loading_from = None
+
     def _issue_warnings_after_load(self, load_result) -> None:
-        tied = set(getattr(self.model, "all_tied_weights_keys", None) or {})
-        if tied and set(load_result.missing_keys) <= tied:
+        """Tied weights a checkpoint leaves out by design are tied again; any other weight of the model that the
+        checkpoint did not set stops the run (:func:`.checkpoint_weights.missing_weights_error`) where the stock
+        Trainer only warns and trains on from the freshly built weights."""
+        skipped = set(getattr(self.model, "all_tied_weights_keys", None) or {})
+        skipped |= set(getattr(self.model, "_keys_to_ignore_on_save", None) or ())
+        missing = [k for k in load_result.missing_keys if k not in skipped]
+        if missing:
+            raise checkpoint_weights.missing_weights_error(self._loading_from or "the checkpoint", missing)
+        if load_result.missing_keys:
             self.model.tie_weights()
             load_result = load_result._replace(missing_keys=[])
         super()._issue_warnings_after_load(load_result)
