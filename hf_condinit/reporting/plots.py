@@ -187,14 +187,15 @@ def kappa_layers_figure(records: Sequence[KappaRecord], *, title: str | None = N
     return fig
 
 
-def plot_curves(curves: Sequence[Curve], path: str, *, ylabel: str, title: str, logy: bool = False) -> str:
+def plot_curves(curves: Sequence[Curve], path: str, *, ylabel: str, title: str, logy: bool = False,
+                xlabel: str = "step") -> str:
     """Save :func:`curves_figure` to ``path``; returns ``path``."""
-    return _save(curves_figure(curves, ylabel=ylabel, title=title, logy=logy), path)
+    return _save(curves_figure(curves, ylabel=ylabel, title=title, logy=logy, xlabel=xlabel), path)
 
 
-def curves_figure(curves: Sequence[Curve], *, ylabel: str, title: str, logy: bool = False):
+def curves_figure(curves: Sequence[Curve], *, ylabel: str, title: str, logy: bool = False, xlabel: str = "step"):
     """Overlay of curves (markers on each point; a band where ``lower`` / ``upper`` are given; lower bounds marked
-    where ``lower_bound`` says so)."""
+    where ``lower_bound`` says so); ``Curve.steps`` are drawn on the x axis named ``xlabel``."""
     if not any(c.steps for c in curves):
         raise ValueError(f"nothing to plot for {title!r}: no curve has points")
     fig, (ax,) = _new_figure()
@@ -211,7 +212,7 @@ def curves_figure(curves: Sequence[Curve], *, ylabel: str, title: str, logy: boo
             labelled = _mark_lower_bounds(ax, bounded, color, labelled)
     if logy:
         ax.set_yscale("log")
-    ax.set(xlabel="step", ylabel=ylabel, title=title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     return fig

@@ -6,6 +6,7 @@
                       [--workers N] -- COMMAND ...        # plan (study.json) and run every cell, then the report
     hf-condinit-study --out STUDY                         # go on with the saved plan (a restart)
     hf-condinit-study --out STUDY --report                # report.md / report.json / figures from finished cells
+    hf-condinit-study --out STUDY --export DEST           # the study's record without weights, and its report
     hf-condinit-study --out STUDY --submit [--slurm_option=--gpus-per-task=1 ...]   # the study as SLURM jobs
     hf-condinit-study --out STUDY --slurm [--slurm_option=...] > submit.sh         # the same, as a script to bash
 
@@ -61,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr_extend", type=int, help="how many times a grid may grow past an edge (default 1)")
     p.add_argument("--effect", help="the effect the report's seeds-needed figure is for: in the metric's units "
                                     "(0.02) or in %% of the baseline's mean (default 1%%)")
+    p.add_argument("--plateau", type=float, help="the report's plateau rule: an arm whose metric gains less than "
+                                                 "this over the last fifth of training, on average over its "
+                                                 "seeds, is on a plateau; in the metric's units (default 0.005: "
+                                                 "half a point of an accuracy in [0, 1])")
     p.add_argument("--workers", type=int, default=1, help="worker processes running cells at once (default 1)")
     p.add_argument("--threads", type=int, help="torch threads per worker (OMP_NUM_THREADS; default on the CPU "
                                                "with several workers: the cores ÷ workers)")
@@ -76,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
                         "command planned on a machine without that GPU)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--report", action="store_true", help="write the report from the finished cells; run nothing")
+    mode.add_argument("--export", metavar="DEST",
+                      help="copy the study's record without weights or checkpoints (study.json, failed cells' "
+                           "records, each cell's results, trainer_state.json, config, card and plots) to the new "
+                           "folder DEST and write its report there; run nothing")
     mode.add_argument("--submit", action="store_true", help="submit the study to SLURM (sbatch: one job array per "
                                                             "round, then the report) and print the job ids")
     mode.add_argument("--slurm", action="store_true", help="print a bash script that submits what --submit does")
@@ -133,7 +142,7 @@ def _new_plan(args, command: list[str]) -> Plan:
         raise ValueError(f"the command's script {command[0]} is not in {workdir}")
     return Plan(arms=list(args.arms), seeds=seeds, lrs=lrs, command=command, workdir=workdir,
                 metric=args.metric or "eval_loss", select_seed=select, lr_extend=extend,
-                effect=args.effect or "1%")
+                effect=args.effect or "1%", plateau=0.005 if args.plateau is None else args.plateau)
 
 
 def _check_effect(effect: str | None) -> None:
@@ -153,14 +162,17 @@ def _plan(args, command: list[str], log) -> Plan:
     folder, the plan of the flags. A new or grown plan is checked (:func:`check_command`) before it is saved, so a
     refused one leaves ``--out`` as it was (no folder, for a new study)."""
     _check_effect(args.effect)
+    if args.plateau is not None and not (math.isfinite(args.plateau) and args.plateau >= 0):
+        raise ValueError(f"--plateau {args.plateau}: give a gain ≥ 0 in the metric's units (e.g. 0.005)")
     saved = Plan.load(args.out)
     if saved is None:
-        if args.report or args.slot is not None:
+        if args.report or args.export or args.slot is not None:
             raise ValueError(f"{args.out}: no study there ({os.path.join(args.out, 'study.json')} is missing)")
         plan = _new_plan(args, command)
     else:
         asked = {"arms": args.arms, "seeds": args.seeds, "lrs": args.lr, "metric": args.metric,
-                 "select_seed": args.select_seed, "lr_extend": args.lr_extend, "effect": args.effect}
+                 "select_seed": args.select_seed, "lr_extend": args.lr_extend, "effect": args.effect,
+                 "plateau": args.plateau}
         plan = grow(saved, asked, command)
         if plan.arms != saved.arms:
             _check_arms(plan.arms, plan.command, plan.grid or bool(plan.lrs))
@@ -302,6 +314,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers < 1 or (args.threads is not None and args.threads < 1):
             raise ValueError(f"--workers {args.workers} and --threads {args.threads}: each must be ≥ 1")
         plan = _plan(args, command, log)
+        if args.export:
+            from .export import export_record
+            from .report import write_report
+
+            copied = export_record(args.out, args.export)
+            report = write_report(plan, args.export)
+            log(f"copied {len(copied)} files of {args.out} to {args.export} (no weights, no checkpoints) and wrote "
+                f"its report.md and report.json" + "".join(f", {f}" for f in report["figures"]))
+            return 0
         if args.slurm or args.submit or args.slot is not None:
             from . import slurm
 

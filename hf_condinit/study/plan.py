@@ -69,8 +69,9 @@ class Plan:
     ``0 .. seeds-1``; ``lrs``: the learning-rate grid (empty: the command's own rate); ``command``: the wrapped
     command (``run_clm.py ...``); ``workdir``: the folder it runs in (relative paths in it are read from there);
     ``effect``: the effect the report's seeds-needed figure is for, in the metric's units or ``"<x>%"`` of the
-    baseline's mean (a reporting choice, changed freely); ``history``: how the plan grew, ``{"at": time,
-    "added": what}`` in order (:func:`grow`)."""
+    baseline's mean (a reporting choice, changed freely); ``plateau``: the report's plateau threshold, the gain over
+    the last fifth of training under which an arm is on a plateau, in the metric's units (a reporting choice too);
+    ``history``: how the plan grew, ``{"at": time, "added": what}`` in order (:func:`grow`)."""
 
     arms: list[str]
     seeds: int
@@ -81,6 +82,7 @@ class Plan:
     select_seed: int = 0
     lr_extend: int = 1
     effect: str = "1%"
+    plateau: float = 0.005
     history: list = dataclasses.field(default_factory=list)
 
     @property
@@ -208,9 +210,10 @@ def slots(plan: Plan) -> list[tuple]:
 
 def grow(saved: Plan, asked: dict, command: list[str]) -> Plan:
     """The plan ``saved`` with the flags ``asked`` (``arms``, ``seeds``, ``lrs``, ``metric``, ``select_seed``,
-    ``lr_extend``, ``effect``; None: as saved) and ``command`` (empty: as saved). A flag that adds seeds, arms (after
-    the saved ones), rates or extensions grows the plan, noted in ``history``; a change that would invalidate a
-    finished cell raises ``ValueError`` naming it (module docstring). ``effect`` is taken as given."""
+    ``lr_extend``, ``effect``, ``plateau``; None: as saved) and ``command`` (empty: as saved). A flag that adds seeds,
+    arms (after the saved ones), rates or extensions grows the plan, noted in ``history``; a change that would
+    invalidate a finished cell raises ``ValueError`` naming it (module docstring). ``effect`` and ``plateau`` are
+    taken as given."""
     diff = []
     if command and command != saved.command:
         first = next((i for i, (a, b) in enumerate(zip(saved.command, command)) if a != b),
@@ -250,8 +253,9 @@ def grow(saved: Plan, asked: dict, command: list[str]) -> Plan:
     if extend is not None and extend > saved.lr_extend:
         plan.lr_extend = extend
         added.append(f"lr_extend {saved.lr_extend} → {extend}")
-    if asked.get("effect") is not None:
-        plan.effect = asked["effect"]
+    for key in ("effect", "plateau"):
+        if asked.get(key) is not None:
+            setattr(plan, key, asked[key])
     if added:
         plan.history.append(dict(at=time.strftime("%Y-%m-%d %H:%M:%S%z"), added="; ".join(added)))
     return plan

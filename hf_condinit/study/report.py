@@ -14,10 +14,19 @@
   from the observed paired sd, at the Bonferroni level 0.05 / m (m: the comparisons with ≥ 2 pairs; Holm's level for
   the smallest p), the smallest effect the current pairs detect with 80 % power, and the pairs needed for the
   plan's ``effect``.
+- **Every pair of arms** (with three or more arms): the same paired verdict of the final value for each later arm
+  against each earlier one (e.g. conditioned against mimetic), Holm over that table.
+- **Steps to the baseline's final value**, paired by seed for every pair of arms (:func:`.curves.reach_rows`: the
+  target of seed s is the baseline's final value at seed s; a run that never reaches it is censored at its last
+  step), in steps and epochs, Holm over the table.
+- **Plateau** per arm (:func:`.curves.plateau_rows`): the mean gain over the last fifth of training against the
+  plan's ``plateau`` threshold (``--plateau``, in the metric's units).
 - **Cells**: finished, failed (exit code and last line), not finished.
 
 ``report_eval.png``: the metric over training, every arm (mean over seeds with a ±1 std band; drawn when the runs
-evaluated more than once). ``report_lr.png``: the grid, metric against learning rate at the selection seed (with a
+evaluated more than once). ``report_curves.png``: the same curves over epochs, each arm's mean with its 95 %
+interval over the verdict seeds and the baseline's mean final value (:func:`.curves.plot_curves_with_intervals`).
+``report_lr.png``: the grid, metric against learning rate at the selection seed (with a
 grid). Paths in the report are relative to ``<out>``, so the same cells give the same report wherever they ran.
 """
 
@@ -31,6 +40,7 @@ from .. import stats
 from ..compare import Arm, compare_table, format_paired, format_table, load_run, paired_rows
 from ..reporting.plots import plot_eval_curves
 from ..reporting.runs import lower_is_better
+from . import curves
 from .cells import cell_state, failure_of, outcome_of
 from .plan import Cell, Plan, arm_rates, resolve, slots, verdict_seeds
 
@@ -76,7 +86,9 @@ def build_report(plan: Plan, out: str) -> dict:
                   rates={a: None if r is None else dict(r, values={
                       f"{lr:g}": None if v is None else "failed" if v == math.inf else sign * v
                       for lr, v in r["values"].items()}) for a, r in rates.items()},
-                  cells=cells, table=None, paired=None, paired_with_selection=None, power=None)
+                  cells=cells, table=None, paired=None, paired_with_selection=None, power=None,
+                  every_pair=None, reach=curves.reach_rows(arms, plan.metric),
+                  plateau=curves.plateau_rows(arms, plan.metric, plan.plateau))
     if done:
         report["table"] = compare_table([a.item() for a in done], plan.metric)
     report["paired"] = _paired(arms, plan.metric)
@@ -84,7 +96,10 @@ def build_report(plan: Plan, out: str) -> dict:
         report["paired_with_selection"] = _paired(with_selection, plan.metric)
     if report["paired"]:
         report["power"] = [_power(row, plan) for row in report["paired"]]
-    report["_arms"] = done
+    if len(done) >= 3:
+        report["every_pair"] = paired_rows([(done[j], done[i]) for j in range(1, len(done)) for i in range(j)],
+                                           plan.metric)
+    report["_arms"] = arms
     return report
 
 
@@ -184,6 +199,7 @@ def _markdown(plan: Plan, out: str, report: dict) -> str:
                   "evaluation data, so each arm's own best draw is in this table and its verdict leans towards "
                   "the arm whose grid fit that seed best. For reference only; the verdict is the table above.", "",
                   format_paired(report["paired_with_selection"])]
+    lines += _every_pair_md(plan, report) + _reach_md(plan, report) + _plateau_md(plan, report)
     failed = [c for c in cells if c["state"] == "failed"]
     todo = [c for c in cells if c["state"] == "todo"]
     lines += ["## Cells", ""]
@@ -195,6 +211,66 @@ def _markdown(plan: Plan, out: str, report: dict) -> str:
     if figures:
         lines += ["", *[f"![{f}]({f})" for f in figures]]
     return "\n".join(lines) + "\n"
+
+
+def _every_pair_md(plan: Plan, report: dict) -> list[str]:
+    rows = report["every_pair"]
+    if not rows:
+        return []
+    lines = ["## Every pair of arms", "", f"Seeds {_seeds(report['verdict_seeds'])}; each later arm against each "
+             "earlier one, paired by seed.", "", f"| arm | against | Δ final {plan.metric}, mean [95 % interval] "
+             "verdict | n pairs |", "|---|---|---|---:|"]
+    lines += [f"| {r['arm']} | {r['baseline']} | {stats.fmt(r['verdict'], 4)} | {r['verdict']['n']} |" for r in rows]
+    return lines + ["", stats.family_caption("this table's rows (every pair of arms)",
+                                             rows[0]["verdict"]["family_size"]), ""]
+
+
+def _reach_md(plan: Plan, report: dict) -> list[str]:
+    reach, base = report["reach"], plan.arms[0]
+    if not reach:
+        return []
+    per_epoch = reach["steps_per_epoch"]
+    epochs = (lambda x: f"{x / per_epoch:.2f}") if per_epoch else (lambda x: "—")  # noqa: E731
+    lines = [f"## Steps to {base}'s final {plan.metric}", "",
+             f"Seeds {_seeds(report['verdict_seeds'])}. For seed s the target is {base}'s final {plan.metric} at "
+             f"seed s; a run reaches it at its first evaluation at least as good (interpolated from the one "
+             f"before). A run that never reaches it is *censored*: it counts at its last step, less than the truth, "
+             f"so a difference leans towards the arm with censored seeds. Epochs: steps ÷ "
+             + (f"{per_epoch:.4g} steps per epoch." if per_epoch else "(the runs differ in steps per epoch: none)."),
+             "", "| arm | steps, mean over seeds | epochs | seeds that reach it |", "|---|---:|---:|---:|"]
+    for arm, by_seed in reach["arms"].items():
+        xs = [r["steps"] for r in by_seed.values()]
+        mean = sum(xs) / len(xs)
+        lines.append(f"| {arm} | {mean:.0f} | {epochs(mean)} | "
+                     f"{sum(not r['censored'] for r in by_seed.values())} of {len(xs)} |")
+    lines += ["", "| arm | against | Δ steps, mean [95 % interval] verdict | Δ epochs | n pairs | censored seeds "
+              "(arm / against) |", "|---|---|---|---|---:|---:|"]
+    for r in reach["rows"]:
+        v = r["verdict"]
+        lines.append(f"| {r['arm']} | {r['against']} | {stats.fmt(v, 1)} | "
+                     f"{stats.fmt(v, 2, 1 / per_epoch) if per_epoch else '—'} | {v['n']} | "
+                     f"{r['censored'][0]} / {r['censored'][1]} |")
+    family = reach["rows"][0]["verdict"]["family_size"]
+    return lines + ["", stats.family_caption("this table's rows (every pair of arms; fewer steps is better)",
+                                             family), ""]
+
+
+def _plateau_md(plan: Plan, report: dict) -> list[str]:
+    rows = report["plateau"]
+    if not rows:
+        return []
+    better = "falls" if lower_is_better(plan.metric) else "rises"
+    lines = ["## Plateau", "",
+             f"An arm is on a plateau when its {plan.metric} {better} by less than {plan.plateau:g} (the plan's "
+             f"--plateau, in the metric's units) over the last fifth of training, on average over its seeds: the "
+             "final value against the curve's value at 80 % of the run's steps.", "",
+             "| arm | gain over the last fifth, mean | per seed | plateau |", "|---|---:|---|---|"]
+    word = {True: "met", False: "not met", None: "not known (no evaluation before the last fifth)"}
+    num = lambda x: "—" if x is None else f"{x:+.4g}"  # noqa: E731
+    for r in rows:
+        seeds = ", ".join(f"{s}: {num(g)}" for s, g in r["gains"].items())
+        lines.append(f"| {r['arm']} | {num(r['mean'])} | {seeds} | {word[r['met']]} |")
+    return lines + [""]
 
 
 def _plot_grid(plan: Plan, report: dict, path: str) -> str:
@@ -223,11 +299,14 @@ def write_report(plan: Plan, out: str) -> dict:
     """Build the report, draw the figures, write ``report.json`` and ``report.md``; returns the report."""
     report = build_report(plan, out)
     arms = report.pop("_arms")
+    done = [a for a in arms if a.runs]
     figures = []
     if plan.grid:
         figures.append(os.path.basename(_plot_grid(plan, report, os.path.join(out, "report_lr.png"))))
-    if arms and max(len(r.eval_curve(plan.metric)[0]) for a in arms for r in a.runs.values()) > 1:
-        path = plot_eval_curves([a.item() for a in arms], os.path.join(out, "report_eval.png"), plan.metric)
+    if done and max(len(r.eval_curve(plan.metric)[0]) for a in done for r in a.runs.values()) > 1:
+        path = plot_eval_curves([a.item() for a in done], os.path.join(out, "report_eval.png"), plan.metric)
+        figures.append(os.path.basename(path))
+        path = curves.plot_curves_with_intervals(arms, plan.metric, os.path.join(out, "report_curves.png"))
         figures.append(os.path.basename(path))
     report["figures"] = figures
     with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as f:
