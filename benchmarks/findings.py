@@ -6,7 +6,9 @@ only) and judged by the one verdict rule (``benchmarks/_verdict.py``). The block
 
 - README.md: ``<!-- BEGIN GENERATED: findings -->`` … ``<!-- END GENERATED: findings -->``;
 - docs/results.md: ``<!-- BEGIN GENERATED: results-<mode> -->`` … ``<!-- END GENERATED: results-<mode> -->`` for mode
-  compare, scale, depth, vision (each the mode's ``results.md``, headings moved below the page's).
+  compare, scale, depth, vision (each the mode's ``results.md``, headings moved below the page's), and
+  ``results-vision-study``: the vision study's report (``hf_condinit.study``) from its committed record in
+  ``benchmarks/results/vision_study/study`` (:func:`vision_study_block`: one line while it is missing or unfinished).
 
     python benchmarks/findings.py            # rewrite the blocks
     python benchmarks/findings.py --check    # exit 1 when a committed block differs (tests/test_findings.py)
@@ -29,6 +31,7 @@ RESULTS = os.path.join(C.REPO_ROOT, "benchmarks", "results")
 README = os.path.join(C.REPO_ROOT, "README.md")
 RESULTS_DOC = os.path.join(C.REPO_ROOT, "docs", "results.md")
 EVAL = "wiki.valid.raw"
+VISION_STUDY = os.path.join(RESULTS, "vision_study", "study")
 
 
 def begin(name: str) -> str:
@@ -221,6 +224,37 @@ def findings_block(r: dict) -> str:
     return "\n".join(_wrap(line) for line in lines) + "\n"
 
 
+def vision_study_block(folder: str | None = None) -> str:
+    """docs/results.md's section on the vision study (docs/vision.md, "The full study"), from its committed record
+    (``python -m hf_condinit.study --out RUN --export benchmarks/results/vision_study/study``): one line while there
+    is no record or a cell is not finished (N of M cells done), else the study's report (every table of
+    ``report.md``, computed here from the cells' files; the figures are the record's), headings below the page's."""
+    from hf_condinit.study.cells import progress
+    from hf_condinit.study.plan import Plan
+    from hf_condinit.study.report import build_report, markdown
+
+    folder = folder or VISION_STUDY
+    where = os.path.relpath(folder, C.REPO_ROOT)
+    plan = Plan.load(folder)
+    if plan is None:
+        return _wrap(f"Not run yet: no record of the study in `{where}` (docs/vision.md, \"The full study\", has "
+                     "its command).") + "\n"
+    counts = progress(plan, folder)
+    total = counts["done"] + counts["running"] + counts["left"]
+    if counts["failed"] or counts["running"] or counts["left"]:
+        return _wrap(f"Not finished yet: {counts['done'] - counts['failed']} of {total} cells done"
+                     + (f", {counts['failed']} failed" if counts["failed"] else "")
+                     + f" in the committed record `{where}` (at most {total}: a grid may still grow); the verdict "
+                       "follows when every cell is done.") + "\n"
+    report = build_report(plan, folder)
+    report.pop("_arms")
+    report["figures"] = sorted(n for n in os.listdir(folder) if n.startswith("report_") and n.endswith(".png"))
+    lines = markdown(plan, folder, report).splitlines()[1:]  # without its title: the page's heading names it
+    link = os.path.relpath(folder, os.path.dirname(RESULTS_DOC))
+    text = "\n".join(lines).replace("](report_", f"]({link}/report_")
+    return f"Generated from the committed record `{where}` (its `report.md` says the same).\n" + _demote(text)
+
+
 def _wrap(paragraph: str, width: int = 116) -> str:
     """One paragraph or bullet wrapped to ``width`` columns (README keeps every line within 120), a bullet's
     continuation lines indented two spaces so Markdown keeps them in the bullet."""
@@ -233,7 +267,8 @@ def blocks() -> dict:
     """path -> {marker name -> generated text}."""
     r = collect_all()
     return {README: {"findings": findings_block(r)},
-            RESULTS_DOC: {f"results-{m}": _demote(r[f"{m}_md"]) for m in ("compare", "scale", "depth", "vision")}}
+            RESULTS_DOC: {**{f"results-{m}": _demote(r[f"{m}_md"]) for m in ("compare", "scale", "depth", "vision")},
+                          "results-vision-study": vision_study_block()}}
 
 
 def render(path: str, named: dict) -> str:

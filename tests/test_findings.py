@@ -63,3 +63,27 @@ def test_every_committed_run_record_says_where_and_from_what_it_ran():
             assert len(rec["provenance_backfill"]["added_in_commit"]) == 40, where
         else:
             assert rec.get("commit") and rec.get("command") and rec.get("versions", {}).get("torch"), where
+
+
+def test_vision_study_block_at_every_stage(tmp_path, monkeypatch, capsys):
+    """No record: one line; an unfinished record: N of M cells done; a finished one: the study's report, its
+    paired difference being the fake run's closed form (tests/study_fake_run.py: at 3e-3, mimetic's final loss
+    is default's + log10(3e-3 / 1e-2)² − 0.05)."""
+    import math
+
+    from hf_condinit.scripts.errors import run_main
+    from hf_condinit.study.cli import main
+
+    folder = tmp_path / "study"
+    assert F.vision_study_block(str(folder)).startswith("Not run yet: no record of the study")
+    fake = os.path.join(ROOT, "tests", "study_fake_run.py")
+    argv = ["--out", str(folder), "--arms", "default", "mimetic", "--seeds", "2", "--lr", "3e-3", "--", fake]
+    assert (run_main(main, argv, prog="hf-condinit-study") or 0) == 0
+    capsys.readouterr()
+    block = F.vision_study_block(str(folder))
+    delta = math.log10(0.3) ** 2 - 0.05
+    assert f"| mimetic | 0.003 | default | 0.003 | {delta:+.4f} [{delta:+.4f}, {delta:+.4f}]" in block
+    assert "#### Paired against default" in block and "## Study" not in block
+    assert os.path.relpath(str(folder), os.path.join(ROOT, "docs")) + "/report_curves.png" in block
+    os.remove(folder / "arms" / "mimetic" / "seed1_lr0.003" / "train_results.json")
+    assert F.vision_study_block(str(folder)).startswith("Not finished yet: 3 of 4 cells done")

@@ -44,7 +44,7 @@ from . import curves
 from .cells import cell_state, failure_of, outcome_of
 from .plan import Cell, Plan, arm_rates, resolve, slots, verdict_seeds
 
-__all__ = ["build_report", "write_report"]
+__all__ = ["build_report", "markdown", "write_report"]
 
 
 def _cells(plan: Plan, out: str) -> list[Cell]:
@@ -173,7 +173,9 @@ def _power_md(plan: Plan, report: dict) -> list[str]:
     return lines
 
 
-def _markdown(plan: Plan, out: str, report: dict) -> str:
+def markdown(plan: Plan, out: str, report: dict) -> str:
+    """``report.md``'s text for the report of :func:`build_report` (figures: ``report["figures"]``, file names in
+    ``out``)."""
     cells = report["cells"]
     n_done = sum(c["state"] == "finished" for c in cells)
     seeds = _seeds(report["verdict_seeds"])
@@ -235,8 +237,9 @@ def _reach_md(plan: Plan, report: dict) -> list[str]:
              f"Seeds {_seeds(report['verdict_seeds'])}. For seed s the target is {base}'s final {plan.metric} at "
              f"seed s; a run reaches it at its first evaluation at least as good (interpolated from the one "
              f"before). A run that never reaches it is *censored*: it counts at its last step, less than the truth, "
-             f"so a difference leans towards the arm with censored seeds. Epochs: steps ÷ "
-             + (f"{per_epoch:.4g} steps per epoch." if per_epoch else "(the runs differ in steps per epoch: none)."),
+             f"so a difference leans towards the arm with censored seeds. "
+             + (f"Epochs: steps ÷ {per_epoch:.4g} steps per epoch." if per_epoch else
+                "No epochs: the runs do not all record the same steps per epoch."),
              "", "| arm | steps, mean over seeds | epochs | seeds that reach it |", "|---|---:|---:|---:|"]
     for arm, by_seed in reach["arms"].items():
         xs = [r["steps"] for r in by_seed.values()]
@@ -312,5 +315,5 @@ def write_report(plan: Plan, out: str) -> dict:
     with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1, default=str)
     with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as f:
-        f.write(_markdown(plan, out, report))
+        f.write(markdown(plan, out, report))
     return report
