@@ -20,6 +20,7 @@ from hf_condinit.diagnostics import (
     pseudo_condition_number,
     softmax_jacobian_condition_number,
 )
+from hf_condinit.diagnostics.condition_number import singular_values
 
 F64 = torch.float64
 PHI2 = (3 + math.sqrt(5)) / 2  # golden ratio squared
@@ -53,6 +54,25 @@ def _case(seed, B=2, N=5, D=6, d=3, wscale=0.5):
 
 
 PADDING = torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]])  # right padding, left padding
+
+
+@pytest.mark.parametrize("shape", [(40, 300), (300, 40), (50, 60)])
+def test_singular_values_through_qr_are_the_matrixs_own(shape):
+    """A matrix built from known singular values (1 down to 1e-10, orthonormal factors from QR of random
+    matrices): the QR route gives them to float64 rounding of σ_max, in either orientation, and the smallest, 1e-10,
+    to 1e-4 relative (an SVD of the explicit matrix resolves no better)."""
+    g = torch.Generator().manual_seed(0)
+    m, n = shape
+    k = min(m, n)
+    sigma = torch.logspace(0, -10, k, dtype=F64)
+    U = torch.linalg.qr(torch.randn(m, k, dtype=F64, generator=g))[0]
+    V = torch.linalg.qr(torch.randn(n, k, dtype=F64, generator=g))[0]
+    M = U @ torch.diag(sigma) @ V.T
+    got = singular_values(M)
+    assert got.shape == (k,)
+    assert float((got - sigma).abs().max()) < 1e-14
+    assert float(got[-1]) == pytest.approx(1e-10, rel=1e-4)
+    torch.testing.assert_close(got, torch.linalg.svdvals(M), rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])

@@ -99,6 +99,7 @@ __all__ = [
     "head_condition_number",
     "jacobian_upper_bound",
     "pseudo_condition_number",
+    "singular_values",
     "softmax_jacobian_condition_number",
 ]
 
@@ -129,6 +130,17 @@ def _kappa_from_values(values: torch.Tensor, rtol: float) -> tuple[float, int]:
         return float("nan"), int(values.numel())
     kept = values[values > rtol * vmax]
     return vmax / float(kept.min()), int(values.numel() - kept.numel())
+
+
+def singular_values(M: torch.Tensor) -> torch.Tensor:
+    """The ``min(m, n)`` singular values of a matrix, descending: those of the triangular factor R of a QR of its
+    taller orientation (``Mᵀ = Q R`` for a wide M), which are M's own up to rounding (Householder QR is backward
+    stable). The square SVD is what costs: on the ViT's 2,080 × 12,288 head Jacobian ``svdvals(M)`` took 49 s and
+    the QR with ``svdvals(R)`` 5.4 s (one thread), the values equal to 2e-15 of σ_max."""
+    tall = M.mT if M.shape[-2] < M.shape[-1] else M
+    if tall.shape[-1] * 2 > tall.shape[-2]:  # nearly square: nothing to gain
+        return torch.linalg.svdvals(M)
+    return torch.linalg.svdvals(torch.linalg.qr(tall, mode="r")[1])
 
 
 def pseudo_condition_number(M: torch.Tensor, rtol: Optional[float] = None) -> float:
@@ -281,7 +293,7 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
             from both sides: they are masked as keys and their query rows are left out of J.
         attn_mask (`torch.Tensor`, *optional*): extra bool mask ``(N, N)`` or ``(B, N, N)``, True = may attend.
         method (`str`, *optional*, defaults to ``"eig"``): ``"eig"`` (closed-form G, ``eigvalsh``) or ``"svd"``
-            (closed-form explicit J, ``svdvals``; small probes only).
+            (closed-form explicit J, :func:`singular_values`; small probes only).
         rtol (`float`, *optional*): relative tolerance on the λ = σ² scale; defaults to ``1e-12`` (eig) or
             ``(max(n_rows, n_cols) · eps)²`` (svd).
         return_spectrum (`bool`, *optional*, defaults to `False`): keep the eigenvalues of G in the result.
@@ -318,7 +330,7 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
             rtol = (max(n_rows, n_cols) * eps) ** 2
         J = attention_head_jacobian(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling=scaling, causal=causal,
                                     key_padding_mask=key_padding_mask, attn_mask=attn_mask)
-        lam = torch.linalg.svdvals(J).square().flip(0)
+        lam = singular_values(J).square().flip(0)
         if lam.numel() < n_rows:  # G = J Jᵀ has n_rows eigenvalues; the missing ones are exact zeros
             lam = torch.cat([torch.zeros(n_rows - lam.numel(), dtype=_F64), lam])
     lam_max = float(lam.max())
