@@ -121,18 +121,12 @@ def part_kappa(probe_size: int, probe_length: int) -> list[dict]:
 
 
 def part_vit_kappa(image_file: str) -> list[dict]:
-    import datasets
-    from transformers import ViTImageProcessorPil
-
-    from hf_condinit.vision import ImageTransform
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kappa_curves import probe_pixels
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "vit-cpu-cifar.json")
     config = AutoConfig.from_pretrained(path)
-    image = datasets.load_dataset("parquet", data_files={"probe": image_file}, split="probe[:1]")
-    size = (config.image_size, config.image_size)
-    proc = ViTImageProcessorPil(size={"height": size[0], "width": size[1]})  # the script's default processor
-    transform = ImageTransform("img", "label", size, proc.image_mean, proc.image_std, train=False)
-    pixels = torch.stack(transform({"img": image["img"]})["pixel_values"])  # (1, 3, H, W), as evaluation sees it
+    pixels = probe_pixels(image_file, config, 1)  # (1, 3, H, W), as evaluation sees it
     rows = []
     for method in ("default", "mimetic", "conditioned"):
         model = AutoModelForImageClassification.from_config(config, condinit={"method": method, "seed": 0}).eval()

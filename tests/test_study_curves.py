@@ -9,6 +9,7 @@ import os
 import pytest
 
 from hf_condinit.scripts.errors import run_main
+from hf_condinit.scripts.lifecycle import run_finished
 from hf_condinit.study.cli import main
 from hf_condinit.study.plan import Plan
 
@@ -175,11 +176,15 @@ def test_export_copies_the_record_without_weights_and_a_rerun_of_the_study_runs_
         (cell / "checkpoint-8" / "trainer_state.json").write_text("{}")
         for name in ("model.safetensors", "training_args.bin", ".hf_condinit.lock"):
             (cell / name).write_text("x")
+    rep = json.loads((src / "report.json").read_text())
+    assert rep["verdict_seeds"] == [1]  # with a grid the selection seed 0 is out of the verdict, not of the plateau
+    assert {r["arm"]: sorted(r["gains"]) for r in rep["plateau"]} == {"default": ["0", "1"], "mimetic": ["0", "1"]}
     dest = tmp_path / "b" / "study"
     assert _run_main("--out", str(src), "--export", str(dest)) == 0
     copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert not [p for p in copied if "checkpoint" in p or p.endswith((".safetensors", ".bin", ".lock", ".log"))]
     assert "study.json" in copied and "arms/default/seed1_lr0.003/trainer_state.json" in copied
+    assert run_finished(str(dest / "arms" / "default" / "seed1_lr0.003"))  # what a rerun of the script would see
     for name in ("report.md", "report.json", "report_eval.png", "report_curves.png", "report_lr.png"):
         assert (dest / name).read_bytes() == (src / name).read_bytes(), name
     log = tmp_path / "starts.log"

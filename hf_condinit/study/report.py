@@ -20,7 +20,8 @@
   target of seed s is the baseline's final value at seed s; a run that never reaches it is censored at its last
   step), in steps and epochs, Holm over the table.
 - **Plateau** per arm (:func:`.curves.plateau_rows`): the mean gain over the last fifth of training against the
-  plan's ``plateau`` threshold (``--plateau``, in the metric's units).
+  plan's ``plateau`` threshold (``--plateau``, in the metric's units), on every seed at the arm's rate, the
+  selection seed's included (a property of the training's length, not a comparison: it is known after the grid).
 - **Cells**: finished, failed (exit code and last line), not finished.
 
 ``report_eval.png``: the metric over training, every arm (mean over seeds with a ±1 std band; drawn when the runs
@@ -88,7 +89,7 @@ def build_report(plan: Plan, out: str) -> dict:
                       for lr, v in r["values"].items()}) for a, r in rates.items()},
                   cells=cells, table=None, paired=None, paired_with_selection=None, power=None,
                   every_pair=None, reach=curves.reach_rows(arms, plan.metric),
-                  plateau=curves.plateau_rows(arms, plan.metric, plan.plateau))
+                  plateau=curves.plateau_rows(with_selection, plan.metric, plan.plateau))
     if done:
         report["table"] = compare_table([a.item() for a in done], plan.metric)
     report["paired"] = _paired(arms, plan.metric)
@@ -265,8 +266,9 @@ def _plateau_md(plan: Plan, report: dict) -> list[str]:
     better = "falls" if lower_is_better(plan.metric) else "rises"
     lines = ["## Plateau", "",
              f"An arm is on a plateau when its {plan.metric} {better} by less than {plan.plateau:g} (the plan's "
-             f"--plateau, in the metric's units) over the last fifth of training, on average over its seeds: the "
-             "final value against the curve's value at 80 % of the run's steps.", "",
+             f"--plateau, in the metric's units) over the last fifth of training, on average over its seeds at its "
+             "rate (the selection seed's too: this is about the training's length, not a comparison): the final "
+             "value against the curve's value at 80 % of the run's steps.", "",
              "| arm | gain over the last fifth, mean | per seed | plateau |", "|---|---:|---|---|"]
     word = {True: "met", False: "not met", None: "not known (no evaluation before the last fifth)"}
     num = lambda x: "—" if x is None else f"{x:+.4g}"  # noqa: E731
