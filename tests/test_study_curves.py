@@ -208,3 +208,12 @@ def test_export_refuses_to_overwrite_in_one_line(tmp_path, capsys, where, messag
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert where == "inside" and not dest.exists() or (dest / "mine.txt").read_text() == "keep"
+
+
+def test_a_negative_plateau_is_a_one_line_user_error(tmp_path, capsys):
+    out = _build(tmp_path / "s", arms=("default", "conditioned"))
+    before = (out / "study.json").read_bytes()
+    assert _run_main("--out", str(out), "--report", "--plateau", "-0.01") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plateau -0.01: give a gain ≥ 0" in err[0]
+    assert (out / "study.json").read_bytes() == before and not (out / "report.md").exists()
