@@ -228,7 +228,9 @@ def vision_study_block(folder: str | None = None) -> str:
     """docs/results.md's section on the vision study (docs/vision.md, "The full study"), from its committed record
     (``python -m hf_condinit.study --out RUN --export benchmarks/results/vision_study/study``): one line while there
     is no record or a cell is not finished (N of M cells done), else the study's report (every table of
-    ``report.md``, computed here from the cells' files; the figures are the record's), headings below the page's."""
+    ``report.md``, computed here from the cells' files; the figures are the record's) and, when ``kappa.png`` lies
+    beside the record (``benchmarks/kappa_curves.py --out .../kappa.json``), the κ(J) curves; headings below the
+    page's."""
     from hf_condinit.study.cells import progress
     from hf_condinit.study.plan import Plan
     from hf_condinit.study.report import build_report, markdown
@@ -252,6 +254,11 @@ def vision_study_block(folder: str | None = None) -> str:
     lines = markdown(plan, folder, report).splitlines()[1:]  # without its title: the page's heading names it
     link = os.path.relpath(folder, os.path.dirname(RESULTS_DOC))
     text = "\n".join(lines).replace("](report_", f"]({link}/report_")
+    kappa = os.path.join(os.path.dirname(folder), "kappa.png")
+    if os.path.isfile(kappa):
+        text += ("\n\n## κ(J) over training\n\nOn the SVD path, from the cells' kept checkpoints "
+                 f"(`benchmarks/kappa_curves.py`; record `{os.path.relpath(kappa, C.REPO_ROOT)[:-4]}.json`):\n\n"
+                 f"![κ(J) per arm over epochs]({os.path.relpath(kappa, os.path.dirname(RESULTS_DOC))})\n")
     return f"Generated from the committed record `{where}` (its `report.md` says the same).\n" + _demote(text)
 
 

@@ -85,5 +85,8 @@ def test_vision_study_block_at_every_stage(tmp_path, monkeypatch, capsys):
     assert f"| mimetic | 0.003 | default | 0.003 | {delta:+.4f} [{delta:+.4f}, {delta:+.4f}]" in block
     assert "#### Paired against default" in block and "## Study" not in block
     assert os.path.relpath(str(folder), os.path.join(ROOT, "docs")) + "/report_curves.png" in block
+    assert "κ(J) over training" not in block
+    (tmp_path / "kappa.png").write_bytes(b"")
+    assert "#### κ(J) over training" in F.vision_study_block(str(folder))
     os.remove(folder / "arms" / "mimetic" / "seed1_lr0.003" / "train_results.json")
     assert F.vision_study_block(str(folder)).startswith("Not finished yet: 3 of 4 cells done")
