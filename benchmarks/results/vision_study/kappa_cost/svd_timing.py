@@ -1,3 +1,5 @@
+"""Where the time of one SVD-path κ measurement goes: layer 0, head 0 of the sizing checkpoint (the study's shape),
+one random image; J in closed form, then svdvals(J) against QR(Jᵀ) + svdvals(R). Output: svd_timing.txt."""
 import time, torch, os, sys
 torch.set_num_threads(1)
 from transformers import AutoModelForImageClassification
