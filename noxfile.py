@@ -21,9 +21,6 @@ from pathlib import Path
 
 import nox
 
-sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
-import versions_report as records  # noqa: E402  (not the name of the session below)
-
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["versions_report"]
 # the environments live outside the working tree, as .ci/run's do (NOX_ENVDIR to change)
@@ -85,7 +82,8 @@ def install_args(row):
     """uv pip install's arguments for a row."""
     spec = ROWS[row]
     if spec.get("floors"):  # lowest-direct alone may pick a higher version of one to resolve (datasets 5.2 once)
-        pins = [f"{name}=={floor}" for name, floor in records.declared_floors().items()]
+        pins = subprocess.run([sys.executable, "benchmarks/versions_report.py", "floors"], check=True,
+                              capture_output=True, text=True).stdout.split()
         return ["--resolution", "lowest-direct", "-e", ".[dev]", *pins]
     pins = {**BASE, **spec["pins"]}
     return ["-e", ".[dev]", *(name if version is None else f"{name}=={version}" for name, version in pins.items())]
@@ -115,7 +113,10 @@ def matrix(session, row):
     """One row of the version matrix: fresh environment, library tests file by file, the row's record."""
     command, returncode, output = install(session, row)
     if returncode:
-        records.record_failure(row, command, "install failed", output)
+        error_file = Path(session.create_tmp()) / "install_error.txt"
+        error_file.write_text(output, encoding="utf-8")
+        session.run(sys.executable, "benchmarks/versions_report.py", "failed", "--row", row, "--command", command,
+                    "--status", "install failed", "--error-file", str(error_file))
         session.error(f"{row}: the environment could not be installed (record written)")
     timeout = os.environ.get("MATRIX_FILE_TIMEOUT", "1200")
     session.run("python", "benchmarks/versions_report.py", "run", "--row", row, "--command", command,

@@ -70,30 +70,34 @@ from hf_condinit.scripts_common import (
     LM_TRAINING_DEFAULTS,
     CondInitArguments,
     CondInitTrainer,
+    SpeedLeverArguments,
+    TokenizerHubArguments,
     UsageError,
+    apply_speed_levers,
     check_attention_usable,
     check_loaded_model_flags,
-    evaluate_with_perplexity,
+    check_resume_vocabulary,
+    check_speed_levers,
     claim_output_dir,
+    config_for_model_type,
+    evaluate_with_perplexity,
     find_last_checkpoint,
     flags_given,
     make_condition_number_callback,
     make_throughput_callback,
+    maybe_init_distributed,
+    model_class,
     parse_and_set_up,
     recipe_applies,
     resolve_model_config,
     run_main,
     select_splits,
+    single_process_launch_env,
     train_and_save,
     user_errors,
     with_causal_loss_type,
 )
 from hf_condinit.data.streaming import split_by_rank
-from hf_condinit.scripts.arguments import TokenizerHubArguments
-from hf_condinit.scripts.deepspeed_launch import maybe_init_distributed, single_process_launch_env
-from hf_condinit.scripts.levers import (SpeedLeverArguments, apply_speed_levers, check_resume_vocabulary,
-                                        check_speed_levers)
-from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.zero_shot import record_blimp
 
 logger = logging.getLogger("run_clm")

@@ -51,16 +51,16 @@ import hf_condinit  # noqa: F401  (installs the hooks, registers attention varia
 from hf_condinit.glue import GLUE_TASKS, SUITE_TASKS, format_glue_table, get_task, glue_average, glue_task_score
 from hf_condinit.glue import custom_task, load_custom_files, load_glue_metric, read_glue_file, suite_task_files
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
-from hf_condinit.scripts.arguments import TokenizerHubArguments
-from hf_condinit.scripts.model_config import model_class
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    TokenizerHubArguments,
     check_attention_usable,
     check_loaded_model_flags,
     claim_output_dir,
     find_last_checkpoint,
     make_throughput_callback,
+    model_class,
     parse_and_set_up,
     parse_config_overrides,
     run_main,

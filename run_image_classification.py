@@ -58,13 +58,16 @@ import hf_condinit  # noqa: F401  (installs the hooks, registers the attention v
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    HubArguments,
     UsageError,
     check_attention_usable,
     check_loaded_model_flags,
     claim_output_dir,
+    config_for_model_type,
     find_last_checkpoint,
     make_condition_number_callback,
     make_throughput_callback,
+    model_class,
     parse_and_set_up,
     recipe_applies,
     resolve_model_config,
@@ -72,8 +75,6 @@ from hf_condinit.scripts_common import (
     train_and_save,
     user_errors,
 )
-from hf_condinit.scripts.arguments import HubArguments
-from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.vision import (
     ImageTransform,
     check_image_source,

@@ -52,18 +52,19 @@ from hf_condinit.data.streaming import check_first_blocks, split_by_rank
 from hf_condinit.data.text import load_raw_datasets, pack_datasets, split_sources, tokenize_datasets
 from hf_condinit.data.tokenizer import batch_iterator
 from hf_condinit.models.crammed_bert import CrammedBertConfig, train_wordpiece_tokenizer
-from hf_condinit.scripts.arguments import TokenizerHubArguments
-from hf_condinit.scripts.model_config import config_for_model_type, model_class
 from hf_condinit.scripts_common import (
     CondInitArguments,
     CondInitTrainer,
+    TokenizerHubArguments,
     UsageError,
     check_attention_usable,
     check_loaded_model_flags,
-    evaluate_with_perplexity,
     claim_output_dir,
+    config_for_model_type,
+    evaluate_with_perplexity,
     find_last_checkpoint,
     make_throughput_callback,
+    model_class,
     parse_and_set_up,
     parse_config_overrides,
     recipe_applies,

@@ -45,7 +45,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from hf_condinit.stats import crossing_step  # noqa: E402,F401
-from hf_condinit.study.files import claimed, is_claimed, write_json  # noqa: E402,F401
+from hf_condinit.locks import claimed, is_claimed  # noqa: E402,F401
+from hf_condinit.study.files import write_json  # noqa: E402,F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data"))
@@ -305,10 +306,10 @@ def steps_for_tokens_per_param(kw: dict) -> int:
 
 def param_groups(model, weight_decay: float):
     """AdamW groups of the LM recipe (``throughput.py``'s hand-made optimizer): decay on ≥ 2-D weights except the
-    ``condinit_`` holders, the rule of ``hf_condinit.scripts_common.no_decay_parameter_names``."""
-    from hf_condinit.scripts_common import no_decay_parameter_names
+    ``condinit_`` holders, the example scripts' rule (``hf_condinit.no_decay_parameter_names(model, vectors=True)``)."""
+    from hf_condinit import no_decay_parameter_names
 
-    skip = no_decay_parameter_names(model)
+    skip = set(no_decay_parameter_names(model, vectors=True))
     decay = [p for n, p in model.named_parameters() if p.requires_grad and n not in skip]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and n in skip]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -428,7 +429,7 @@ def claimed_elsewhere(path: str) -> bool:
 def run_slot(path: str, spec):
     """This worker's turn at the run recorded in ``path``: yields ``"finished"`` (a record made with ``spec`` exists),
     ``"locked"`` (another live worker holds its claim) or ``"claimed"`` (this worker holds it for the block). The
-    claim is the library's (:func:`hf_condinit.study.files.claimed` on ``path + ".lock"``): an ``flock`` that the
+    claim is the library's (:func:`hf_condinit.locks.claimed` on ``path + ".lock"``): an ``flock`` that the
     kernel drops with its process, so a lock file left by a dead worker is free."""
     if finished_record(path, spec):
         yield "finished"

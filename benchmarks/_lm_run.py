@@ -35,7 +35,7 @@ import torch
 
 import _common as C
 import _lm_zero_shot as ZS
-from hf_condinit.scripts.checkpoints import newest_complete_checkpoint
+from hf_condinit.checkpoints import newest_complete_checkpoint
 from hf_condinit.study.files import write_json
 from hf_condinit.versions import RESUME_MIN_TORCH, torch_below
 

@@ -4,11 +4,11 @@ A ``CondInitTrainer`` holds the model (``configs/gpt2-472m.json`` by default: 47
 50257-token vocabulary) and AdamW state for every parameter (one optimizer step on zero gradients), and saves a full
 checkpoint ``--saves`` times (``CondInitTrainer._save_checkpoint``: weights, optimizer, scheduler, RNG and trainer
 state, staged, fsynced, manifest last, renamed into place). Every call of
-:func:`hf_condinit.scripts.checkpoints.file_digest` during a save is timed; the record gives, per save, the save's
+:func:`hf_condinit.checkpoints.file_digest` during a save is timed; the record gives, per save, the save's
 wall time, the digests' share of it and the bytes hashed, and the ratio "digests / save": an upper bound of the time
 the digests add to the save (they run while the files' fsyncs wait on the disk, so the save without them is shorter by
 at most that time). The estimate of the time they do add: the manifest step's wall time
-(:func:`~hf_condinit.scripts.checkpoints.write_manifest`: fsyncs, digests, manifest) less the time its fsyncs took,
+(:func:`~hf_condinit.checkpoints.write_manifest`: fsyncs, digests, manifest) less the time its fsyncs took,
 which is that step without digests. Also timed: the resume's verification
 (``check_checkpoint(verify_content=True)``) against the header-only check.
 
@@ -52,13 +52,13 @@ def build_trainer(config: str, vocab: int, out: Path):
 
 
 def run(args) -> dict:
-    from hf_condinit.scripts import checkpoints
+    from hf_condinit import checkpoints
 
     prov = provenance()
     work = Path(tempfile.mkdtemp(prefix="digest-", dir=args.work))
     trainer, n_params = build_trainer(args.config, args.vocab, work)
     spent, synced, manifest = [], [], []
-    originals = {name: getattr(checkpoints, name) for name in ("file_digest", "_fsync", "write_manifest")}
+    originals = {name: getattr(checkpoints, name) for name in ("file_digest", "fsync_path", "write_manifest")}
 
     inside = []  # non-empty while write_manifest runs: only its fsyncs are counted
 
@@ -72,12 +72,12 @@ def run(args) -> dict:
             finally:
                 if name == "write_manifest":
                     inside.clear()
-                if inside or name != "_fsync":
+                if inside or name != "fsync_path":
                     into.append(time.perf_counter() - begun)
         return call
 
     checkpoints.file_digest = timed("file_digest", spent)
-    checkpoints._fsync = timed("_fsync", synced)
+    checkpoints.fsync_path = timed("fsync_path", synced)
     checkpoints.write_manifest = timed("write_manifest", manifest)
     saves = []
     try:

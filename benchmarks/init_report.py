@@ -218,14 +218,14 @@ def cost_worker(name: str, svd_layers: int, mimetic_layers: int, check_heads: in
                   n_params=sum(p.numel() for p in model.parameters()), layers=len(blocks), hidden=g.hidden,
                   heads=g.n_heads, kv_heads=g.n_kv_heads, head_dim=g.head_dim)
     precisions = []
-    fast = functional._top_singular_factors
+    fast = functional.top_singular_factors
 
     def counted(target, rank):  # counts the fast path's fp32 acceptances and float64 reruns
         left, right, precision = fast(target, rank)
         precisions.append(str(precision).replace("torch.", ""))
         return left, right, precision
 
-    functional._top_singular_factors = counted
+    functional.top_singular_factors = counted
 
     def mimetic_blocks(n: int) -> None:
         cfg = hf_condinit.CondInitConfig(method="mimetic", seed=0)

@@ -49,14 +49,14 @@ def probe(model_type: str) -> dict:
     """``{"model_type", "transformers", "condinit"}``: each ``"ok"`` or ``"<ExceptionType>: <message>"``."""
     from transformers import AutoConfig
 
-    from hf_condinit.coverage import _auto_class
+    from hf_condinit.coverage import auto_class
     from hf_condinit.inertness import MAX_PARAMETERS, meta_parameter_count
     from hf_condinit.layouts.miniature import shrink_by_attribute
 
     row = {"model_type": model_type, "transformers": "", "condinit": ""}
     try:
         config = shrink_by_attribute(AutoConfig.for_model(model_type))
-        auto = _auto_class(config)
+        auto = auto_class(config)
         size = meta_parameter_count(lambda: auto.from_config(config))  # some stay large (experts, vocab)
         if size > MAX_PARAMETERS:
             row["transformers"] = f"skipped: {size / 1e6:.0f}M parameters when shrunk by attribute"

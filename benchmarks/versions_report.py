@@ -202,22 +202,6 @@ def row_key(record):
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", record["row"])]
 
 
-def declared_floors(pyproject=ROOT / "pyproject.toml"):
-    """``{package: lower bound}`` for every ``>=`` requirement in pyproject.toml (dependencies, then extras)."""
-    import tomllib  # here: Python 3.10 rows run this module too (``run``), and 3.10 has no tomllib
-
-    project = tomllib.loads(Path(pyproject).read_text(encoding="utf-8"))["project"]
-    requirements = list(project.get("dependencies", []))
-    for extra in project.get("optional-dependencies", {}).values():
-        requirements += extra
-    floors = {}
-    for req in requirements:
-        match = re.match(r"\s*([A-Za-z0-9_.-]+)(\[[^]]*\])?\s*[^;]*?>=\s*([\w.]+)", req)
-        if match:
-            floors.setdefault(match.group(1), match.group(3))
-    return floors
-
-
 def files_cell(record, status):
     """The files of a status, ``n`` or ``n: a, b`` with the file names where the status is not passed."""
     names = [Path(f["file"]).stem.removeprefix("test_") + (" (env)" if f.get("env") else "")
@@ -310,6 +294,17 @@ def render(records, floors, planned=()):
     return "\n".join(parts)
 
 
+def all_floors():
+    """Every declared lower bound (dependencies, then extras) from hf_condinit's installed metadata
+    (`hf_condinit.versions.declared_floors`, the floors' one reader); an error when hf_condinit is not installed."""
+    from hf_condinit.versions import declared_floors
+
+    floors = declared_floors(packages=None, extras=True)
+    if not floors:
+        raise SystemExit("hf_condinit is not installed in this environment (pip install -e .): no declared floors")
+    return floors
+
+
 def record_failure(row, command, status, error):
     """The record of a row that did not get to the tests (e.g. the environment could not be installed)."""
     record = {"row": row, "command": command, "versions": {}, "commit": git_commit(),
@@ -320,7 +315,8 @@ def record_failure(row, command, status, error):
 
 
 def main(argv=None):
-    """``run`` (one row, in its environment) or ``report`` (records -> docs/versions.md)."""
+    """``run`` (one row, in its environment), ``report`` (records -> docs/versions.md), ``floors`` (the floors
+    row's pins) or ``failed`` (the record of a row whose environment could not be installed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run the library tests file by file here and write the row's record")
@@ -331,9 +327,21 @@ def main(argv=None):
     run.add_argument("--extra-env", action="append", default=[], help="NAME=VALUE for the extra files")
     run.add_argument("--note", default="", help="a line kept in the record and shown on the page")
     sub.add_parser("report", help="write docs/versions.md from the records")
+    sub.add_parser("floors", help="print the pins of every declared floor (name==version), one a line")
+    failed = sub.add_parser("failed", help="write the record of a row that did not get to the tests")
+    failed.add_argument("--row", required=True)
+    failed.add_argument("--command", required=True)
+    failed.add_argument("--status", required=True)
+    failed.add_argument("--error-file", required=True, help="a file holding the error output")
     args = parser.parse_args(argv)
+    if args.cmd == "floors":
+        print("\n".join(f"{name}=={floor}" for name, floor in all_floors().items()))
+        return 0
+    if args.cmd == "failed":
+        record_failure(args.row, args.command, args.status, Path(args.error_file).read_text(encoding="utf-8"))
+        return 0
     if args.cmd == "report":
-        PAGE.write_text(render(load_records(), declared_floors(), planned_rows()), encoding="utf-8")
+        PAGE.write_text(render(load_records(), all_floors(), planned_rows()), encoding="utf-8")
         print(f"wrote {PAGE.relative_to(ROOT)}")
         return 0
     record = run_row(args.row, args.command, args.timeout, dict(e.split("=", 1) for e in args.extra_env),

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
-
-from .versions import check_installed  # noqa: E402
+from .versions import __version__, check_installed
 
 check_installed()  # one line naming a too-old torch / transformers / accelerate, before either is imported
 

@@ -9,7 +9,6 @@ CPU one (the same weights on every device) unless ``generator="device"`` puts it
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +17,10 @@ from torch import nn
 
 from .config import CondInitConfig, resolve_condinit
 from .layouts import AttentionLayout, LayoutError, get_layout
+from .parallel import gathered
 from .registry import INIT_SCHEMES
 
-__all__ = ["InitReport", "apply_init", "block_generator", "init_attention_block", "resolved_condinit", "gathered"]
+__all__ = ["InitReport", "apply_init", "block_generator", "init_attention_block", "resolved_condinit"]
 
 _SEED_STRIDE = 1_000_003
 
@@ -51,23 +51,6 @@ class InitReport:
                 + (f" skipped(loaded)={','.join(layer['skipped'])}" if layer["skipped"] else "")
             )
         return "\n".join(lines)
-
-
-def _is_zero3_param(p: torch.Tensor) -> bool:
-    return hasattr(p, "ds_id")
-
-
-@contextlib.contextmanager
-def gathered(params: list[torch.Tensor], modifier_rank: int | None = 0):
-    """Gather ZeRO-3 partitioned parameters (no-op for ordinary tensors); writes on rank 0 are broadcast."""
-    zero_params = [p for p in params if _is_zero3_param(p)]
-    if not zero_params:
-        yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(zero_params, modifier_rank=modifier_rank):
-        yield
 
 
 def resolved_condinit(config) -> CondInitConfig | None:

@@ -59,7 +59,7 @@ from typing import Sequence, Union
 from . import stats
 from .reporting.plots import Curve, RunGroup, aggregate_curves, common_metric, plot_eval_curves, plot_kappa
 from .reporting.runs import RunSummary, lower_is_better, recipe_summary, summarize_run
-from .scripts.flag_checks import check_writable_folder
+from .errors import check_writable_folder
 
 __all__ = [
     "Arm",

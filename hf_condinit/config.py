@@ -16,6 +16,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from .versions import __version__
+
 __all__ = [
     "CondInitConfig",
     "resolve_condinit",
@@ -39,12 +41,6 @@ _NUMBERS = (
     "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2", "mimetic_beta2", "spectral_lambda",
     "affine_rho", "precond_eps",
 )
-
-
-def _package_version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 @dataclass
@@ -127,7 +123,7 @@ class CondInitConfig:
         if self.spectral_lambda is not None and self.spectral_lambda < 0:
             raise ValueError(f"condinit option spectral_lambda must be >= 0, got {self.spectral_lambda!r}.")
         if self.hf_condinit_version is None:
-            self.hf_condinit_version = _package_version()
+            self.hf_condinit_version = __version__
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

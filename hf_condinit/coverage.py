@@ -55,7 +55,7 @@ SEED_STRIDE = 1_000_003  # block generator seed = seed * SEED_STRIDE + ordinal (
 __all__ = ["check_conditioned", "check_mimetic", "cover", "run", "main"]
 
 
-def _auto_class(config):
+def auto_class(config):
     """The first Auto class (masked LM, causal LM, base model) that maps ``config``, or None."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
@@ -218,7 +218,7 @@ def cover(model_type: str) -> Row:
     try:
         try:
             config = AutoConfig.for_model(model_type)
-            auto = _auto_class(config)
+            auto = auto_class(config)
             if auto is None:
                 row.reason = "no model class"
                 return row
@@ -250,7 +250,7 @@ def cover(model_type: str) -> Row:
                 layout, proof = detect.detect_layout(mini, inputs,
                                                      accept=lambda lay: detect.trial_accept(key, config, lay))
                 row.source = "detected"
-                detect._CACHE[key] = (layout, None)
+                detect.remember_layout(key, layout)
         except LayoutError as err:
             row.status, row.reason = "refused", short_reason(err, 400)
             return row

@@ -60,6 +60,7 @@ from .config import CondInitConfig, check_options_apply, resolve_condinit
 from .layouts import get_layout
 from .layouts.detect import base_model_class
 from .names import unknown_attention_error
+from .parallel import is_zero3_param
 from .registry import ATTENTION_VARIANTS
 
 __all__ = ["install", "uninstall", "uninstalled", "is_installed", "FORWARD_OPTIONS"]
@@ -172,7 +173,7 @@ def _from_config(cls, config, *args, **kwargs):
     if scoped is not kwargs:  # recorded on the saved text config, so from_pretrained rebuilds the language model with it
         model.config.get_text_config().condinit_attention = kwargs["attn_implementation"]
     cfg = api.resolved_condinit(model.config)
-    if cfg is not None and any(api._is_zero3_param(p) for p in model.parameters()):
+    if cfg is not None and any(is_zero3_param(p) for p in model.parameters()):
         api.apply_init(model, cfg)
         _variant_hook("after_zero3_init")(model, get_layout(model), model.config)
     return model
@@ -285,7 +286,7 @@ def _initialize_weights(self, module, *args, **kwargs):
     if cfg is None and not _needs_variant(self.config):
         return
     ordinal = _block_ordinals(self).get(id(module))
-    if ordinal is None or any(api._is_zero3_param(p) for p in module.parameters()):
+    if ordinal is None or any(is_zero3_param(p) for p in module.parameters()):
         return  # not an attention block, or ZeRO-3 (handled after construction in `_from_config`)
     layout = get_layout(self)
     if cfg is not None:

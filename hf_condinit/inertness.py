@@ -133,14 +133,14 @@ def check_inert(model_type: str) -> Inertness:
     Call with the hooks installed (``import hf_condinit``); they are installed again when it returns."""
     from transformers import AutoConfig
 
-    from .coverage import _auto_class
+    from .coverage import auto_class
     from .layouts.miniature import shrink_config
 
     try:
         config = AutoConfig.for_model(model_type)
     except Exception as err:  # the default config fails its own validators: nothing to build
         return Inertness(model_type, "not built", detail=f"default config: {type(err).__name__}")
-    auto = _auto_class(config)
+    auto = auto_class(config)
     if auto is None:
         return Inertness(model_type, "no model class")
     try:

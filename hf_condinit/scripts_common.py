@@ -33,12 +33,21 @@ takes the default; for a ``.json`` argument file, the defaults are merged under 
 
 from __future__ import annotations
 
+from .commands import run_main
+from .errors import UsageError, user_errors
 from .names import known_attention_names, known_init_names
-from .scripts.arguments import LM_TRAINING_DEFAULTS, SCRIPT_DEFAULTS, CondInitArguments
+from .scripts.arguments import (
+    LM_TRAINING_DEFAULTS,
+    SCRIPT_DEFAULTS,
+    CondInitArguments,
+    HubArguments,
+    TokenizerHubArguments,
+)
 from .scripts.deepspeed_checks import check_deepspeed_file, validate_deepspeed_config
-from .scripts.errors import UsageError, run_main, user_errors
+from .scripts.deepspeed_launch import maybe_init_distributed, single_process_launch_env
 from .scripts.flag_checks import FLAG_RANGES, check_numeric_flags
 from .scripts.launch import launch_summary, launcher_name, report_launch, single_process_warning
+from .scripts.levers import SpeedLeverArguments, apply_speed_levers, check_resume_vocabulary, check_speed_levers
 from .scripts.lifecycle import (
     claim_output_dir,
     evaluate_with_perplexity,
@@ -49,7 +58,13 @@ from .scripts.lifecycle import (
 from .scripts.logs import setup_logging
 from .scripts.machine import has_accelerator
 from .scripts.model_checks import check_attention_usable, check_loaded_model_flags, recipe_applies
-from .scripts.model_config import parse_config_overrides, resolve_model_config, with_causal_loss_type
+from .scripts.model_config import (
+    config_for_model_type,
+    model_class,
+    parse_config_overrides,
+    resolve_model_config,
+    with_causal_loss_type,
+)
 from .scripts.parsing import (
     default_output_dir,
     flags_given,
@@ -62,7 +77,6 @@ from .scripts.trainer import (
     CondInitTrainer,
     make_condition_number_callback,
     make_throughput_callback,
-    no_decay_parameter_names,
 )
 
 __all__ = [
@@ -91,7 +105,6 @@ __all__ = [
     "validate_deepspeed_config",
     "CondInitTrainer",
     "claim_output_dir",
-    "no_decay_parameter_names",
     "make_condition_number_callback",
     "make_throughput_callback",
     "known_attention_names",
@@ -105,4 +118,14 @@ __all__ = [
     "train_and_save",
     "evaluate_with_perplexity",
     "parse_and_set_up",
+    "HubArguments",
+    "TokenizerHubArguments",
+    "maybe_init_distributed",
+    "single_process_launch_env",
+    "SpeedLeverArguments",
+    "apply_speed_levers",
+    "check_resume_vocabulary",
+    "check_speed_levers",
+    "config_for_model_type",
+    "model_class",
 ]

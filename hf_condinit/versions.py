@@ -17,7 +17,9 @@ import importlib.metadata
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["CHECKED", "RESUME_MIN_TORCH", "declared_floors", "too_old", "check_installed", "torch_below"]
+__all__ = ["__version__", "CHECKED", "RESUME_MIN_TORCH", "declared_floors", "too_old", "check_installed", "torch_below"]
+
+__version__ = "0.1.0"  # this package's own version (pyproject.toml says the same)
 
 CHECKED = ("torch", "transformers", "accelerate")
 
@@ -26,9 +28,12 @@ RESUME_MIN_TORCH = "2.6"  # Trainer resume: transformers refuses torch.load of o
 # (check_torch_load_is_safe: torch.load(weights_only=True) can run code before 2.6.0, CVE-2025-32434)
 
 
-def declared_floors(distribution: str = "hf_condinit") -> dict[str, str]:
-    """``{package: lowest version}`` for the `CHECKED` packages among ``distribution``'s declared requirements
-    (those without an extra); empty when the distribution is not installed (a source tree on ``sys.path``)."""
+def declared_floors(distribution: str = "hf_condinit", packages=CHECKED, extras: bool = False) -> dict[str, str]:
+    """``{package: lowest version}`` from ``distribution``'s declared requirements (its installed metadata, i.e.
+    pyproject.toml's dependencies, then its extras' with ``extras=True``), in their order, for the ``packages``
+    named (every package with a ``>=`` bound when ``None``); empty when the distribution is not installed (a source
+    tree on ``sys.path``). The one reader of the floors: the import check and the version matrix (noxfile.py,
+    ``benchmarks/versions_report.py``) both use it."""
     try:
         requires = importlib.metadata.requires(distribution) or []
     except importlib.metadata.PackageNotFoundError:
@@ -36,12 +41,11 @@ def declared_floors(distribution: str = "hf_condinit") -> dict[str, str]:
     floors = {}
     for line in requires:
         req = Requirement(line)
-        if req.marker is not None and "extra" in str(req.marker):
+        if not extras and req.marker is not None and "extra" in str(req.marker):
             continue
-        name = req.name.lower()
         lows = [s.version for s in req.specifier if s.operator == ">="]
-        if name in CHECKED and lows:
-            floors[name] = max(lows, key=Version)
+        if lows and (packages is None or req.name.lower() in packages):
+            floors.setdefault(req.name, max(lows, key=Version))
     return floors
 
 

@@ -76,7 +76,7 @@ def run_ddp(out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from hf_condinit.attention.holders import AffineScaledHolder
+    from hf_condinit.attention.affine_scaled import AffineScaledHolder
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

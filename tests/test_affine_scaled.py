@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401
-from hf_condinit.attention.holders import AffineScaledHolder
+from hf_condinit.attention.affine_scaled import AffineScaledHolder
 from utils import mini_config
 
 CFG = dict(n_embd=32, n_head=4, n_layer=2, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)

@@ -79,7 +79,7 @@ def test_deepspeed_launcher_zero_1_2_3_two_processes(tmp_path, single):
 
 
 def test_reduce_is_a_no_op_without_distributed():
-    from hf_condinit.attention.holders import reduce_over_replicas
+    from hf_condinit.attention.affine_scaled import reduce_over_replicas
 
     total, count = torch.tensor([1.0, 2.0]), torch.tensor(3.0)
     out_total, out_count = reduce_over_replicas(total, count)

@@ -34,7 +34,7 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401
-from hf_condinit.attention.holders import AFFINE_INPUT_KWARG
+from hf_condinit.attention.affine_scaled import AFFINE_INPUT_KWARG
 from utils import mini_config
 
 B, H, T, d = 2, 4, 256, 64

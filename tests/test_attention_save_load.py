@@ -13,7 +13,9 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
 import hf_condinit
-from hf_condinit.attention.holders import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
+from hf_condinit.attention.affine_scaled import AffineScaledHolder
+from hf_condinit.attention.attention_sink import AttentionSinkHolder
+from hf_condinit.attention.spectral import SpectralHolder
 from utils import mini_config
 
 

@@ -19,7 +19,8 @@ from transformers.masking_utils import AttentionMaskInterface
 import hf_condinit
 import hf_condinit.attention as attention
 from hf_condinit.attention.reference import randomise_holders, register_references
-from hf_condinit.attention.holders import AffineScaledHolder, AttentionSinkHolder
+from hf_condinit.attention.affine_scaled import AffineScaledHolder
+from hf_condinit.attention.attention_sink import AttentionSinkHolder
 from hf_condinit.registry import ATTENTION_VARIANTS
 from utils import mini_config
 
@@ -416,3 +417,10 @@ def test_no_decay_parameter_names():
     assert attention.no_decay_parameter_names(model, include_matrices=False) == []
     sink = build("gpt2", "attention_sink")
     assert attention.no_decay_parameter_names(sink) == [f"transformer.h.{i}.attn.condinit_sink.logit" for i in range(2)]
+    # vectors=True: nanoGPT's rule too, every parameter of fewer than 2 dimensions; the scripts' trainer decays the rest
+    rule = [n for n, p in sink.named_parameters() if p.ndim < 2 or "condinit_" in n]
+    assert attention.no_decay_parameter_names(sink, vectors=True) == rule and len(rule) > 2
+    from hf_condinit.scripts_common import CondInitTrainer
+
+    decayed = CondInitTrainer.get_decay_parameter_names(None, sink)
+    assert decayed == [n for n, _ in sink.named_parameters() if n not in rule] and decayed

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from hf_condinit.coverage import _auto_class, check_conditioned, check_mimetic, main
+from hf_condinit.coverage import auto_class, check_conditioned, check_mimetic, main
 from hf_condinit.coverage_report import README_END, README_START
 from hf_condinit.layouts import LayoutError
 from hf_condinit.layouts.miniature import shrink_config
@@ -25,7 +25,7 @@ ISSUE_FAMILIES = ["qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2"
 
 def small(model_type, **overrides):
     config = shrink_config(AutoConfig.for_model(model_type, **overrides))
-    return _auto_class(config), config
+    return auto_class(config), config
 
 
 @pytest.mark.parametrize("model_type", ISSUE_FAMILIES)
@@ -204,7 +204,7 @@ def test_coverage_cli_force_overwrites_a_foreign_file(tmp_path, monkeypatch, cap
 
 
 def test_variant_on_a_multimodal_model_goes_to_its_language_model_and_survives_save_load(tmp_path):
-    from hf_condinit.attention.holders import iter_holders
+    from hf_condinit.attention.holder_base import iter_holders
     from hf_condinit.layouts.miniature import miniature_inputs
 
     auto, config = small("idefics3")  # its vision tower has no layout: it must keep SDPA, not fail

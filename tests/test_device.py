@@ -16,7 +16,7 @@ import hf_condinit.attention.attention_sink as sink_module
 from hf_condinit import apply_init, registry
 from hf_condinit.attention.reference import register_references
 from hf_condinit.init.functional import mimetic_target, rect_identity_, semi_orthogonal_
-from hf_condinit.attention.holders import CondInitHolder
+from hf_condinit.attention.holder_base import CondInitHolder
 from utils import mini_config
 
 register_references()

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from hf_condinit.coverage import _auto_class, check_conditioned
+from hf_condinit.coverage import auto_class, check_conditioned
 from hf_condinit.layouts.miniature import HEADS, LAYERS, WIDTH, shrink_config
 
 
@@ -64,7 +64,7 @@ def test_layer_indices_follow_the_kept_layers():
 def test_families_under_strict_configs_take_conditioned_init(model_type):
     small = shrink_config(_default(model_type))
     torch.manual_seed(0)
-    model = _auto_class(small).from_config(small, dtype=torch.float32, condinit=True)
+    model = auto_class(small).from_config(small, dtype=torch.float32, condinit=True)
     assert check_conditioned(model) >= 1
 
 
@@ -76,7 +76,7 @@ def _gated_miniature(model_type):
     from hf_condinit.layouts.miniature import build_miniature, miniature_inputs
 
     config = _default(model_type)
-    model = build_miniature(_auto_class(config)._model_mapping[type(config)], config)
+    model = build_miniature(auto_class(config)._model_mapping[type(config)], config)
     return config, model, miniature_inputs(model)
 
 
@@ -114,7 +114,7 @@ def test_attention_layers_are_conditioned_and_every_other_mixer_is_built_as_hf_b
     from hf_condinit.layouts import get_layout
 
     small = shrink_config(_default(model_type).__class__(**{**_default(model_type).to_dict(), **overrides}))
-    auto = _auto_class(small)
+    auto = auto_class(small)
     torch.manual_seed(0)
     plain = auto.from_config(small, dtype=torch.float32)
     torch.manual_seed(0)
@@ -171,10 +171,10 @@ def test_configs_shrunk_by_attribute_keep_their_verdict_for_the_layers_the_model
 
     config = shrink_by_attribute(_default("kolibri1_1"))
     assert max(config.index_layers) >= config.num_hidden_layers
-    model = _auto_class(config).from_config(config, dtype=torch.float32, condinit=True)
+    model = auto_class(config).from_config(config, dtype=torch.float32, condinit=True)
     assert check_conditioned(model) == 2
     config = shrink_by_attribute(_default("olmo_hybrid"))
     assert "full_attention" in config.layer_types
     assert "full_attention" not in config.layer_types[:config.num_hidden_layers]
     with pytest.raises(LayoutError, match="no softmax-attention layer"):
-        _auto_class(config).from_config(config, condinit=True)
+        auto_class(config).from_config(config, condinit=True)

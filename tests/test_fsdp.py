@@ -35,8 +35,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, TrainingArguments
 
 from hf_condinit.scripts import fsdp_compat
-from hf_condinit.scripts.checkpoints import MANIFEST_NAME, STAGING_DIR, check_checkpoint, newest_complete_checkpoint
-from hf_condinit.scripts.errors import UsageError
+from hf_condinit.checkpoints import MANIFEST_NAME, STAGING_DIR, check_checkpoint, newest_complete_checkpoint
+from hf_condinit.errors import UsageError
 from hf_condinit.scripts.launch import fsdp_summary, launch_summary
 from utils import REPO, WIKI_TRAIN, checkpoint_write_order, copy_files, gpt2_conditioned_checks, needs
 

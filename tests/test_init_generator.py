@@ -18,7 +18,7 @@ from hf_condinit import CondInitConfig, apply_init
 from hf_condinit.api import block_generator
 from hf_condinit.init.functional import semi_orthogonality_error
 from hf_condinit.layouts import get_layout
-from hf_condinit.scripts.errors import UsageError
+from hf_condinit.errors import UsageError
 from hf_condinit.scripts_common import CondInitArguments
 from hf_condinit.study.recipes import parse_recipe
 from utils import mini_config

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 import hf_condinit
-from hf_condinit.coverage import _auto_class, check_conditioned
+from hf_condinit.coverage import auto_class, check_conditioned
 from hf_condinit.layouts import FusedQKVLayout, HeadGeometry, LayoutError, SeparateQKVLayout, get_layout
 from hf_condinit.layouts import detect
 from hf_condinit.layouts.fused import fused_starts
@@ -34,7 +34,7 @@ def miniature(model_type):
             inputs = example_inputs(model_type, config)
         else:
             config = AutoConfig.for_model(model_type)
-            model = build_miniature(_auto_class(config)._model_mapping[type(config)], config)
+            model = build_miniature(auto_class(config)._model_mapping[type(config)], config)
             inputs = miniature_inputs(model)
         _MINIS[model_type] = (model, inputs)
     return _MINIS[model_type]

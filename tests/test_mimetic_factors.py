@@ -74,7 +74,7 @@ def test_subspace_path_matches_exact_truncation(dim, rank, alpha, beta, sign, di
     gen = torch.Generator().manual_seed(dim + rank)
     for _ in range(3):
         a = mimetic_target(dim, alpha, beta, sign, dist, gen)
-        left, right, precision = functional._top_singular_factors(a, rank)
+        left, right, precision = functional.top_singular_factors(a, rank)
         assert precision == torch.float32  # well-separated σ_r: the fp32 result was accepted
         assert left.shape == (dim, rank) and right.shape == (rank, dim) and left.dtype == torch.float32
         assert eckart_young_excess(a, left, right) <= TOL
@@ -98,7 +98,7 @@ def test_near_degenerate_split_falls_back_to_float64():
     """σ_r − σ_{r+1} = 1e-6: fp32 cannot tell the two directions apart, the estimate says so, float64 does."""
     dim, rank = 64, 8
     a = _near_degenerate(dim, rank, torch.Generator().manual_seed(0))
-    left, right, precision = functional._top_singular_factors(a, rank)
+    left, right, precision = functional.top_singular_factors(a, rank)
     assert precision == torch.float64
     assert eckart_young_excess(a, left, right) <= TOL
 
@@ -139,7 +139,7 @@ def test_dispatch_bit_identity_and_padding():
         raise np.linalg.LinAlgError("did not converge")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(functional, "_top_singular_factors", no_convergence)
+        mp.setattr(functional, "top_singular_factors", no_convergence)
         for got, want in zip(mimetic_factors(big, 64), original_factors(big, 64)):
             assert torch.equal(got, want)
     # rank above D: zero-padded, L R = A
@@ -231,10 +231,10 @@ def test_accelerated_subspace_path_is_batched_and_reruns_only_the_unsplit_target
     unsplit = _near_degenerate(dim, rank, gen)
     targets = [mimetic_target(dim, 0.7, 0.7, 1, "uniform", gen) for _ in range(3)]
     batch = torch.stack(targets + [unsplit])
-    left, right, precision = functional._top_singular_factors(batch, rank)
+    left, right, precision = functional.top_singular_factors(batch, rank)
     assert precision == torch.float64 and left.shape == (4, dim, rank) and right.shape == (4, rank, dim)
     assert (eckart_young_excess(batch, left, right) <= TOL).all()
-    alone, _, alone_precision = functional._top_singular_factors(batch[:3], rank)
+    alone, _, alone_precision = functional.top_singular_factors(batch[:3], rank)
     assert alone_precision == torch.float32 and torch.equal(alone, left[:3])
     sigma = torch.linalg.svdvals(batch.double())[..., :rank]  # balanced: LᵀL = Σ_r
     torch.testing.assert_close(left.double().mT @ left.double(), torch.diag_embed(sigma), atol=1e-5, rtol=0)

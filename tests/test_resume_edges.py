@@ -20,7 +20,7 @@ from transformers.trainer_callback import TrainerState
 
 from hf_condinit.callbacks import NonFiniteLossError
 from hf_condinit.callbacks.run_totals import STATE_KEY, RunTotalsCallback
-from hf_condinit.scripts import checkpoints
+from hf_condinit import checkpoints
 from hf_condinit.scripts_common import CondInitTrainer, UsageError, find_last_checkpoint, run_main
 from utils import load_script, needs_trainer_resume
 
@@ -185,7 +185,7 @@ KILLED_AFTER_TRAINING = {  # what a kill after checkpoint-4 left of the final fi
         _truncate(out / "train_results.json"), _truncate(out / "all_results.json"), os.remove(out / "eval_results.json")),
     "during the evaluation": lambda out: os.remove(out / "eval_results.json"),
 }
-CLAIM = "import sys; from hf_condinit.scripts import run_lock; run_lock.claim(sys.argv[1])"
+CLAIM = "import sys; from hf_condinit import locks; locks.lock_output_dir(sys.argv[1])"
 
 
 @needs_trainer_resume

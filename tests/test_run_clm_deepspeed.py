@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import hf_condinit  # noqa: E402,F401
-from hf_condinit.scripts.checkpoints import MANIFEST_NAME, STAGING_DIR, check_checkpoint  # noqa: E402
+from hf_condinit.checkpoints import MANIFEST_NAME, STAGING_DIR, check_checkpoint  # noqa: E402
 
 from utils import REPO, TINYSTORIES, gpt2_conditioned_checks, needs  # noqa: E402
 

@@ -28,8 +28,8 @@ import torch
 from safetensors.torch import load_file
 
 from hf_condinit.callbacks import PREEMPTED_EXIT_CODE, PreemptionCallback, TrainingPreempted
-from hf_condinit.scripts import checkpoints, run_lock
-from hf_condinit.scripts.errors import run_main
+from hf_condinit import checkpoints, locks
+from hf_condinit.commands import run_main
 from utils import REPO, TINYSTORIES, checkpoint_write_order, copy_files, load_script, needs
 
 run_clm = load_script("run_clm.py")
@@ -69,7 +69,7 @@ def _unfinished_copy(reference, dst, upto):
 def reference(ts_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("faults") / "reference"
     run_clm.main(_argv(ts_file, out))
-    run_lock.release(str(out), clear=True)
+    locks.unlock_output_dir(str(out), clear=True)
     return str(out)
 
 
@@ -158,7 +158,7 @@ KILL_BEFORE_MANIFEST = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from utils import load_script
-    from hf_condinit.scripts import checkpoints
+    from hf_condinit import checkpoints
     original = checkpoints.write_manifest
     def write_manifest(folder, step):
         if step == 4:
@@ -177,7 +177,7 @@ def test_kill_9_before_the_manifest_then_the_rerun_is_bit_identical(reference, t
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
-    assert json.loads((out / run_lock.LOCK_NAME).read_text())["pid"]  # the dead run's record is left
+    assert json.loads((out / locks.LOCK_NAME).read_text())["pid"]  # the dead run's record is left
     run_clm.main(_argv(ts_file, out))
     _assert_same_model(_final(out), _final(reference))
 
@@ -203,7 +203,7 @@ def test_sigterm_saves_stops_and_the_rerun_is_bit_identical(reference, tmp_path,
     assert not (out / "train_results.json").exists() and not (out / "model.safetensors").exists()
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is restored when training ends
     monkeypatch.undo()
-    run_lock.release(str(out))  # the process ends here: its lock record stays
+    locks.unlock_output_dir(str(out))  # the process ends here: its lock record stays
     run_clm.main(_argv(ts_file, out))
     _assert_same_model(_final(out), _final(reference))
     ref, resumed = (json.loads(open(os.path.join(d, "train_results.json")).read()) for d in (reference, out))
@@ -233,7 +233,8 @@ def test_repeated_sigterm_is_ignored_and_a_second_ctrl_c_ends_at_once():
     assert proc.returncode == -signal.SIGINT and "received again: already stopping" in proc.stderr
 
 
-HOLD = "import sys, time; from hf_condinit.scripts import run_lock; run_lock.claim(sys.argv[1]); print('held', flush=True); time.sleep(300)"
+HOLD = ("import sys, time; from hf_condinit import locks; locks.lock_output_dir(sys.argv[1]); "
+        "print('held', flush=True); time.sleep(300)")
 
 
 def test_one_run_per_folder(tmp_path, ts_file, capsys, caplog):
@@ -278,7 +279,7 @@ def test_a_full_disk_says_so_and_a_rerun_with_room_is_clean(small_disk, referenc
     assert err[0].startswith(f"run_clm.py: error: saving checkpoint-2 in {out} failed: [Errno 28] No space left on "
                              f"device (") and "MiB free" in err[0] and "no earlier checkpoint" in err[0], err[0]
     assert not list(out.glob("checkpoint-*")) and not (out / checkpoints.STAGING_DIR).exists()
-    run_lock.release(str(out))  # the failed process ends: its record stays
+    locks.unlock_output_dir(str(out))  # the failed process ends: its record stays
     # room for one checkpoint, not two: the free-space check refuses the second save before writing anything
     subprocess.run(["mount", "-o", "remount,size=10m", str(small_disk)], check=True)
     with pytest.raises(SystemExit) as info:
@@ -288,7 +289,7 @@ def test_a_full_disk_says_so_and_a_rerun_with_room_is_clean(small_disk, referenc
     assert "saving checkpoint-4" in err[0] and "the checkpoint needs about" in err[0], err[0]
     assert f"{out}/checkpoint-2 is intact; free space and rerun the same command" in err[0], err[0]
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
-    run_lock.release(str(out))
+    locks.unlock_output_dir(str(out))
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     run_clm.main(argv)
     _assert_same_model(_final(out), _final(reference))

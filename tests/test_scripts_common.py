@@ -121,7 +121,7 @@ def test_run_main_ends_the_process_group_where_every_rank_ends(tmp_path, ending,
     import torch.distributed as dist
 
     from hf_condinit.callbacks import TrainingPreempted
-    from hf_condinit.scripts.errors import end_process_group
+    from hf_condinit.commands import end_process_group
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -175,7 +175,7 @@ def test_a_signal_makes_train_raise_instead_of_returning(tmp_path):
     script would save the partly trained model as the result). It raises ``TrainingPreempted`` naming the complete
     checkpoint it saved; an undisturbed ``train()`` returns as before."""
     from hf_condinit.callbacks import TrainingPreempted
-    from hf_condinit.scripts.checkpoints import check_checkpoint
+    from hf_condinit.checkpoints import check_checkpoint
 
     trainer = _tiny_trainer(tmp_path)
 

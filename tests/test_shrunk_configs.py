@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from hf_condinit.coverage import _auto_class, check_conditioned
+from hf_condinit.coverage import auto_class, check_conditioned
 from hf_condinit.layouts import LayoutError
 from hf_condinit.layouts.miniature import shrink_by_attribute
 
@@ -22,7 +22,7 @@ SAMPLE = ["olmo3", "cohere2", "exaone4", "lfm2", "llama4_text", "vaultgemma", "m
 def _shrunk(model_type):
     config = shrink_by_attribute(AutoConfig.for_model(model_type))
     assert config.num_hidden_layers == 2
-    return _auto_class(config), config
+    return auto_class(config), config
 
 
 @pytest.mark.parametrize("model_type", SAMPLE)
@@ -38,7 +38,7 @@ def test_a_config_shrunk_by_attribute_takes_condinit(model_type):
 
 def test_funnel_is_supported_or_refused_by_name():
     config = shrink_by_attribute(AutoConfig.for_model("funnel"))  # Funnel refuses num_hidden_layers: left as is
-    auto = _auto_class(config)
+    auto = auto_class(config)
     auto.from_config(config)
     try:
         model = auto.from_config(config, dtype=torch.float32, condinit=True)

@@ -16,7 +16,7 @@ from transformers import AutoModel, AutoModelForCausalLM
 import hf_condinit
 from hf_condinit.attention import merge_spectral, remove_spectral
 from hf_condinit.layouts import get_layout
-from hf_condinit.attention.holders import SpectralHolder
+from hf_condinit.attention.spectral import SpectralHolder
 from utils import mini_config
 
 LAM = 2.5

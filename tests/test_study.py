@@ -18,7 +18,7 @@ import time
 import pytest
 
 from hf_condinit import stats
-from hf_condinit.scripts.errors import run_main
+from hf_condinit.commands import run_main
 from hf_condinit.study.cli import main
 from hf_condinit.study.plan import Cell, Plan, arm_rates, slots
 from hf_condinit.study.recipes import parse_recipe

@@ -1,4 +1,4 @@
-"""The one claim primitive (:mod:`hf_condinit.study.files`) of the study's workers and of the
+"""The one claim primitive (:mod:`hf_condinit.locks`) of the study's workers and of the
 benchmark harness (``benchmarks/_common.run_slot``): a live ``flock`` holder (another process, locking with plain
 ``fcntl``, not this code) holds the path; a lock file without one is free, including a harness ``<record>.lock`` of
 the old PID-file format left by a dead process; the kernel frees the claim of a killed holder."""
@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from hf_condinit import locks
 from hf_condinit.study import files
 from utils import load_script
 
@@ -44,32 +45,32 @@ def _dead_pid() -> int:
 def test_a_live_holder_takes_the_path_and_its_death_frees_it(tmp_path, holder):
     path = tmp_path / "cell.lock"
     proc = holder(path)
-    assert files.is_claimed(str(path)) and files.try_claim(str(path)) is None
-    with files.claimed(str(path)) as fd:
+    assert locks.is_claimed(str(path)) and locks.try_claim(str(path)) is None
+    with locks.claimed(str(path)) as fd:
         assert fd is None
     proc.kill()
     proc.wait()  # the kernel drops a dead process's flock
-    assert not files.is_claimed(str(path))
-    fd = files.try_claim(str(path))
+    assert not locks.is_claimed(str(path))
+    fd = locks.try_claim(str(path))
     assert fd is not None and f"pid {os.getpid()}" in path.read_text()
     # held by this process now: a second claim (another open file, as another worker's) is refused
-    assert files.try_claim(str(path)) is None and files.is_claimed(str(path))
-    files.release(fd, str(path))
-    assert not path.exists() and not files.is_claimed(str(path))
+    assert locks.try_claim(str(path)) is None and locks.is_claimed(str(path))
+    locks.release_claim(fd, str(path))
+    assert not path.exists() and not locks.is_claimed(str(path))
 
 
 def test_an_old_pid_lock_file_of_a_dead_worker_is_free(tmp_path):
     path = tmp_path / "runs" / "seed0.json.lock"
     path.parent.mkdir()
     path.write_text(str(_dead_pid()))  # the harness's claim before: the claimant's PID
-    assert not files.is_claimed(str(path))
-    with files.claimed(str(path)) as fd:
+    assert not locks.is_claimed(str(path))
+    with locks.claimed(str(path)) as fd:
         assert fd is not None and "host" in path.read_text()
     assert not path.exists()
 
 
 def test_is_claimed_creates_nothing(tmp_path):
-    assert not files.is_claimed(str(tmp_path / "none.lock"))
+    assert not locks.is_claimed(str(tmp_path / "none.lock"))
     assert not (tmp_path / "none.lock").exists()
 
 
@@ -77,7 +78,7 @@ def test_a_claim_released_while_another_worker_opens_it_is_never_held_twice(tmp_
     """Worker B opens the file, then A releases (removes) it before B locks: B's lock is on a removed file, so B
     must start again on a new file, which a third worker then finds held."""
     path = str(tmp_path / "cell.lock")
-    a = files.try_claim(path)
+    a = locks.try_claim(path)
     real_open = os.open
     calls = []
 
@@ -85,16 +86,16 @@ def test_a_claim_released_while_another_worker_opens_it_is_never_held_twice(tmp_
         fd = real_open(*args, **kw)
         calls.append(args[0])
         if len(calls) == 1:
-            files.release(a, path)  # A lets go between B's open and B's lock
+            locks.release_claim(a, path)  # A lets go between B's open and B's lock
         return fd
 
-    monkeypatch.setattr(files.os, "open", open_then_release)
-    b = files.try_claim(path)
+    monkeypatch.setattr(locks.os, "open", open_then_release)
+    b = locks.try_claim(path)
     monkeypatch.undo()
     assert b is not None and len(calls) == 2  # B tried again on the new file
     assert os.path.samestat(os.fstat(b), os.stat(path))
-    assert files.try_claim(path) is None
-    files.release(b, path)
+    assert locks.try_claim(path) is None
+    locks.release_claim(b, path)
 
 
 def test_write_json_is_whole_and_converts_numbers(tmp_path):
@@ -126,7 +127,7 @@ def test_the_harness_run_slot_uses_the_shared_claim(tmp_path, holder):
     with open(path + ".lock", "w") as f:
         f.write(str(_dead_pid()))
     with C.run_slot(path, _Spec("k1")) as slot:
-        assert slot == "claimed" and files.is_claimed(path + ".lock")
+        assert slot == "claimed" and locks.is_claimed(path + ".lock")
         C.write_json(path, dict(key="k0"))  # settings changed: not finished for k1
     assert not os.path.exists(path + ".lock")
     assert C.finished_record(path, _Spec("k1")) is None

@@ -22,7 +22,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_condinit  # noqa: F401  (installs the hooks and registers the variants)
 from hf_condinit.layouts.miniature import shrink_config
-from hf_condinit.attention.holders import AffineScaledHolder, AttentionSinkHolder, SpectralHolder
+from hf_condinit.attention.affine_scaled import AffineScaledHolder
+from hf_condinit.attention.attention_sink import AttentionSinkHolder
+from hf_condinit.attention.spectral import SpectralHolder
 
 FAMILIES = ["qwen3", "mixtral", "phi3", "olmo2", "starcoder2", "gemma3_text", "smollm3"]
 VARIANTS = ["affine_scaled", "attention_sink", "preconditioned", "spectral"]

@@ -30,6 +30,27 @@ def test_installed_floors_are_pyproject_floors():
     assert floors == {name: declared[name] for name in CHECKED}, "reinstall: pip install -e ."
 
 
+def test_every_floor_with_the_extras_is_pyproject_s():
+    """The version matrix's pins (``packages=None, extras=True``): every ``>=`` bound of pyproject.toml, the
+    dependencies first, then the extras' (a package in several extras once, first bound kept)."""
+    floors = declared_floors(packages=None, extras=True)
+    if not floors:
+        pytest.skip("hf_condinit is not installed (a source tree on sys.path): no metadata to read")
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the dev extra's tomli
+        import tomli as tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    expected = {}
+    for req in [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]:
+        m = re.match(r"([A-Za-z0-9_.\-]+)(\[[^]]*\])?[^;]*?>=([\d.]+)", req)
+        if m:
+            expected.setdefault(m.group(1), m.group(3))
+    assert list(floors.items()) == list(expected.items()), "reinstall: pip install -e ."
+    assert {"lm-eval", "pytest"} <= set(floors) and declared_floors(packages=None).keys() < floors.keys()
+
+
 @pytest.mark.parametrize("found, floor, old", [
     ("2.4.1", "2.5", True), ("2.5.0", "2.5", False), ("2.5.0+cu124", "2.5", False),
     ("2.5.0a0+e000cf0ad9.nv24.10", "2.5", False), ("1.2.1", "1.3", True), ("5.16.9", "5.17", True),

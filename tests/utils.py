@@ -62,7 +62,7 @@ def checkpoint_write_order(folder) -> list[str]:
     the stages at which a kill during its save can stop."""
     import os
 
-    from hf_condinit.scripts.checkpoints import MANIFEST_NAME
+    from hf_condinit.checkpoints import MANIFEST_NAME
 
     files = [os.path.relpath(os.path.join(r, n), folder) for r, _, ns in os.walk(folder) for n in ns]
     return sorted(files, key=lambda rel: (rel == MANIFEST_NAME, os.stat(os.path.join(folder, rel)).st_mtime_ns))

@@ -38,7 +38,8 @@ from .compile_guard import guard_compile
 from .holder_base import HOLDER_PREFIX, CondInitHolder
 from .portable import PORTABLE_FILE, plugin_config_dict, portable_kind, write_portable
 from .preconditioned import preconditioned_attention_forward
-from .spectral import apply_spectral_conditioning, gathered, inject_spectral, merge_spectral, remove_spectral
+from ..parallel import gathered
+from .spectral import apply_spectral_conditioning, inject_spectral, merge_spectral, remove_spectral
 from .spectral.holder import SpectralHolder
 from .variant import AttentionVariant
 
@@ -212,17 +213,20 @@ def after_zero3_init(model: nn.Module, layout, config) -> None:
             holder.reset_condinit_parameters()
 
 
-def no_decay_parameter_names(model: nn.Module, include_matrices: bool = True) -> list[str]:
-    """Names of the holder parameters to exclude from weight decay (W_a of affine_scaled, sink logits).
-
-    Spectral C is a buffer and never decays. ``include_matrices=False`` leaves the 2-D W_a to weight decay and
-    lists only the vectors (sink logits).
+def no_decay_parameter_names(model: nn.Module, include_matrices: bool = True, vectors: bool = False) -> list[str]:
+    """Names of the parameters to keep out of weight decay, in ``named_parameters`` order: the holder parameters
+    (W_a of affine_scaled, sink logits; spectral C is a buffer and never decays), and with ``vectors=True`` every
+    parameter of fewer than 2 dimensions too (biases, LayerNorm / RMSNorm weights: nanoGPT's rule, the one the
+    example scripts' ``CondInitTrainer`` applies). ``include_matrices=False`` leaves the 2-D W_a to weight decay.
+    A ZeRO-3 partitioned parameter (flat) is counted by its real shape, ``ds_shape``.
     """
     names = []
     for name, param in model.named_parameters():
-        if any(part.startswith(HOLDER_PREFIX) for part in name.split(".")):
-            if include_matrices or param.ndim < 2:
-                names.append(name)
+        shape = getattr(param, "ds_shape", None)
+        matrix = (len(shape) if shape is not None else param.ndim) >= 2
+        holder = any(part.startswith(HOLDER_PREFIX) for part in name.split("."))
+        if (holder and (include_matrices or not matrix)) or (vectors and not matrix):
+            names.append(name)
     return names
 
 

@@ -2,8 +2,8 @@
 
 A holder is a small ``nn.Module`` attached as a *direct child* of the module that calls HF's attention function
 (`AttentionLayout.core_module(block)`), under an attribute name starting with ``HOLDER_PREFIX``. Each variant's folder
-defines its own holder (`hf_condinit.attention.holders` lists them all, with their state); spectral conditioning's is
-`hf_condinit.attention.spectral.holder.SpectralHolder`.
+defines its own holder in its ``holder.py`` (spectral conditioning's: `hf_condinit.attention.spectral.holder`); each
+holder's attribute and state: docs/architecture.md, "Holder protocol".
 
 Every holder has ``reset_condinit_parameters()`` (called by the ``_initialize_weights`` hook for holders whose
 tensors are not flagged ``_is_hf_initialized``): it writes its initial values in place, computing in fp32 and

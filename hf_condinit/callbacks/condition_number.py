@@ -46,7 +46,8 @@ from typing import Optional, Sequence
 import torch
 from transformers import TrainerCallback
 
-from ..diagnostics.probes import _unwrap, attention_jacobian_condition_number, resolve_causal
+from ..diagnostics.probes import attention_jacobian_condition_number, resolve_causal
+from ..parallel import unwrap_model
 
 __all__ = ["ConditionNumberCallback", "build_probe", "drop_records_after", "DEFAULT_PROBE_SIZE",
            "DEFAULT_PROBE_LENGTH", "DEFAULT_EVERY_N_STEPS"]
@@ -252,7 +253,7 @@ class ConditionNumberCallback(TrainerCallback):
             model = self.trainer.model
         if self._last_step == state.global_step:
             return
-        model = _unwrap(model)
+        model = unwrap_model(model)
         is_main = state.is_world_process_zero
         if _fsdp_sharded(model):
             if is_main and not self._skipped_fsdp:

@@ -46,7 +46,7 @@ class NonFiniteLossCallback(TrainerCallback):
         if self.resumed_from is None:
             return ("training diverged; check the init options for NaN/inf, lower --learning_rate, or use "
                     "--max_grad_norm / fp32.")
-        from ..scripts.checkpoints import checkpoint_step, newest_complete_checkpoint
+        from ..checkpoints import checkpoint_step, newest_complete_checkpoint
 
         step = checkpoint_step(self.resumed_from)
         folder = os.path.dirname(os.path.normpath(self.resumed_from))

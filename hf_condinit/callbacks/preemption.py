@@ -3,8 +3,8 @@
 SLURM (``--signal``), Kubernetes and ``torchrun`` send SIGTERM (or SIGUSR1) before they kill a job; Ctrl-C sends
 SIGINT. While training, the first such signal only sets a flag: at the end of the current optimizer step every rank
 agrees on it (one all-reduce per step in a distributed run), the Trainer saves a checkpoint (atomically,
-:mod:`hf_condinit.scripts.checkpoints`) and stops, and :func:`hf_condinit.scripts.lifecycle.train_and_save` raises
-:class:`TrainingPreempted`, which :func:`hf_condinit.scripts.errors.run_main` prints as one line before exiting with
+:mod:`hf_condinit.checkpoints`) and stops, and :func:`hf_condinit.scripts.lifecycle.train_and_save` raises
+:class:`TrainingPreempted`, which :func:`hf_condinit.commands.run_main` prints as one line before exiting with
 :data:`PREEMPTED_EXIT_CODE` (75, ``EX_TEMPFAIL``: "try again"). Rerunning the same command resumes from that
 checkpoint.
 

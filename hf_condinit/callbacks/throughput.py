@@ -32,14 +32,11 @@ import torch
 from transformers import TrainerCallback
 
 from ..perf import accelerator_memory, mfu, model_flops_shape, peak_bf16_flops, reset_accelerator_peak, training_flops
+from ..parallel import unwrap_model
 
 __all__ = ["ThroughputCallback", "add_throughput_callback", "PREFIX"]
 
 PREFIX = "throughput/"
-
-
-def _unwrap(model):
-    return getattr(model, "module", model)
 
 
 class ThroughputCallback(TrainerCallback):
@@ -90,7 +87,7 @@ class ThroughputCallback(TrainerCallback):
     # -- events -----------------------------------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        model = _unwrap(model)
+        model = unwrap_model(model)
         if self._handle is None and model is not None:
             self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
         try:

@@ -90,7 +90,7 @@ from typing import Optional
 
 import torch
 
-from .jacobian import _F64, _Blocks, _blocks, _gram_from_blocks, attention_head_jacobian
+from .jacobian import JacobianBlocks, attention_head_jacobian, gram_from_blocks, jacobian_blocks
 
 __all__ = [
     "BOUND_NOTES",
@@ -153,9 +153,9 @@ def pseudo_condition_number(M: torch.Tensor, rtol: Optional[float] = None) -> fl
     Returns:
         `float`: the pseudo-condition number (``nan`` for a zero matrix).
     """
-    M = M.detach().to("cpu", _F64)
+    M = M.detach().to("cpu", torch.float64)
     if rtol is None:
-        rtol = max(M.shape[-2:]) * torch.finfo(_F64).eps
+        rtol = max(M.shape[-2:]) * torch.finfo(torch.float64).eps
     return _kappa_from_values(torch.linalg.svdvals(M).reshape(-1), rtol)[0]
 
 
@@ -170,9 +170,9 @@ def softmax_jacobian_condition_number(P: torch.Tensor, rtol: Optional[float] = N
         P (`torch.Tensor`): probability rows, shape ``(..., N)``.
         rtol (`float`, *optional*, defaults to ``N · eps``): eigenvalues ``≤ rtol · max`` count as zero.
     """
-    P = P.detach().to("cpu", _F64).reshape(-1, P.shape[-1])
+    P = P.detach().to("cpu", torch.float64).reshape(-1, P.shape[-1])
     if rtol is None:
-        rtol = P.shape[-1] * torch.finfo(_F64).eps
+        rtol = P.shape[-1] * torch.finfo(torch.float64).eps
     L = torch.diag_embed(P) - P[:, :, None] * P[:, None, :]
     return _kappa_from_values(torch.linalg.eigvalsh(L).reshape(-1), rtol)[0]
 
@@ -184,7 +184,7 @@ def condition_bound(kappa_x, kappa_lambda, kappa_wq, kappa_wk, kappa_wv, kappa_p
     return kappa_x ** 3 * kappa_lambda * kappa_wv * (kappa_wq + kappa_wk) + kappa_x * kappa_p
 
 
-def _qk_frobenius_squared(blk: _Blocks) -> float:
+def _qk_frobenius_squared(blk: JacobianBlocks) -> float:
     """``‖[J_Q J_K]‖_F² = s² Σ_t (|x_t|² ‖M_t‖_F² + |q_t|² ‖R_t‖_F²)`` (module docstring)."""
     x2 = blk.Xt.square().sum(-1)
     q2 = blk.Qt.square().sum(-1)
@@ -257,7 +257,7 @@ class HeadCondition:
         return out
 
 
-def _parameter_null_dim(blk: _Blocks, b_q) -> int:
+def _parameter_null_dim(blk: JacobianBlocks, b_q) -> int:
     """Directions of (W_Q, W_K, W_V) that leave A unchanged to first order, whatever the probe's size.
 
     - gauge: ``dW_Q = W_Q E``, ``dW_K = −W_K Eᵀ`` changes S only by ``−1 (b_Qᵀ E Kᵀ)`` plus row-constant terms
@@ -269,7 +269,7 @@ def _parameter_null_dim(blk: _Blocks, b_q) -> int:
     d = blk.Qt.shape[1]
     bias = b_q is not None and bool(torch.as_tensor(b_q).detach().abs().max() > 0)
     n = d * (d - 1) if bias else d * d
-    ones = torch.ones(blk.Xt.shape[0], 1, dtype=_F64)
+    ones = torch.ones(blk.Xt.shape[0], 1, dtype=torch.float64)
     coef = torch.linalg.lstsq(blk.Xt, ones, driver="gelsd").solution
     if float((blk.Xt @ coef - ones).norm()) <= 1e-8 * math.sqrt(blk.Xt.shape[0]):
         n += d
@@ -312,16 +312,16 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
     """
     if method not in ("eig", "svd"):
         raise ValueError(f"method must be 'eig' or 'svd', got {method!r}")
-    blk = _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
+    blk = jacobian_blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
     T, D = blk.Xt.shape
     d = blk.Qt.shape[1]
     n_rows, n_cols = T * d, 3 * D * d
-    eps = torch.finfo(_F64).eps
+    eps = torch.finfo(torch.float64).eps
     if method == "eig":
         if rtol is None:
             rtol = DEFAULT_EIG_RTOL
         # row order does not change eigenvalues
-        lam = torch.linalg.eigvalsh(_gram_from_blocks(blk, permute=False, device=device)).cpu()
+        lam = torch.linalg.eigvalsh(gram_from_blocks(blk, permute=False, device=device)).cpu()
     else:
         if n_rows * n_cols > _SVD_MAX_ELEMENTS:
             raise ValueError(f"method='svd' would materialise J of shape {(n_rows, n_cols)}; use method='eig' "
@@ -332,7 +332,7 @@ def head_condition_number(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
                                     key_padding_mask=key_padding_mask, attn_mask=attn_mask)
         lam = singular_values(J).square().flip(0)
         if lam.numel() < n_rows:  # G = J Jᵀ has n_rows eigenvalues; the missing ones are exact zeros
-            lam = torch.cat([torch.zeros(n_rows - lam.numel(), dtype=_F64), lam])
+            lam = torch.cat([torch.zeros(n_rows - lam.numel(), dtype=torch.float64), lam])
     lam_max = float(lam.max())
     if lam_max > 0:
         kept = lam[lam > rtol * lam_max]

@@ -179,7 +179,7 @@ def attention_head_output(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, sca
 
 
 @dataclass
-class _Blocks:
+class JacobianBlocks:
     scaling: float
     Xt: torch.Tensor  # (T, D) valid query tokens
     Qt: torch.Tensor  # (T, d)
@@ -192,7 +192,7 @@ class _Blocks:
     W: tuple  # (W_q, W_k, W_v) float64
 
 
-def _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask) -> _Blocks:
+def jacobian_blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask) -> JacobianBlocks:
     prep = _prepare(X, causal, key_padding_mask, attn_mask)
     Q, K, V, P, A, W_q, W_k, W_v = _forward(prep, W_q, W_k, W_v, b_q, b_k, b_v, scaling)
     X64 = prep.X
@@ -210,7 +210,7 @@ def _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, 
     for b in range(qv.shape[0]):
         ts = tok_index[b][qv[b]]
         perm.append((ts[None, :] * d + torch.arange(d)[:, None]).reshape(-1))
-    return _Blocks(scaling=float(scaling), Xt=X64[qv], Qt=Q[qv], Mt=M[qv], Rt=R[qv], PXt=PX[qv],
+    return JacobianBlocks(scaling=float(scaling), Xt=X64[qv], Qt=Q[qv], Mt=M[qv], Rt=R[qv], PXt=PX[qv],
                    perm=torch.cat(perm), prep=prep, P=P, W=(W_q, W_k, W_v))
 
 
@@ -222,7 +222,7 @@ def attention_head_jacobian(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, s
     shape ``(Σ_b N_b·d, 3·D·d)``. The last ``D·d`` columns are ``I_d ⊗ (P X)`` for one sequence. Arguments as in
     :func:`.condition_number.head_condition_number`. Materialises J: meant for small probes and tests.
     """
-    blk = _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
+    blk = jacobian_blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
     T, D = blk.Xt.shape
     d = blk.Qt.shape[1]
     s = blk.scaling
@@ -233,7 +233,7 @@ def attention_head_jacobian(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, s
     return J[blk.perm]
 
 
-def _gram_from_blocks(blk: _Blocks, permute: bool = True, device=None) -> torch.Tensor:
+def gram_from_blocks(blk: JacobianBlocks, permute: bool = True, device=None) -> torch.Tensor:
     T, D = blk.Xt.shape
     d = blk.Qt.shape[1]
     s2 = blk.scaling ** 2
@@ -262,6 +262,6 @@ def attention_head_gram(X, W_q, W_k, W_v, b_q=None, b_k=None, b_v=None, *, scali
 
     Arguments as in :func:`.condition_number.head_condition_number`.
     """
-    blk = _blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
-    return _gram_from_blocks(blk)
+    blk = jacobian_blocks(X, W_q, W_k, W_v, b_q, b_k, b_v, scaling, causal, key_padding_mask, attn_mask)
+    return gram_from_blocks(blk)
 

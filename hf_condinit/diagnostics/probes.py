@@ -33,7 +33,6 @@ eigenvalue work).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 import warnings
@@ -44,6 +43,7 @@ import torch
 from torch import nn
 
 from ..attention.spectral import forward_weight
+from ..parallel import gathered, unwrap_model
 from .condition_number import BOUND_NOTES, HeadCondition, head_condition_number
 
 __all__ = [
@@ -60,12 +60,6 @@ CAUSAL_MODEL_TYPES = frozenset(
     {"gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
      "phi", "phi3", "opt", "bloom", "falcon", "olmo", "olmo2", "starcoder2"}
 )
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    while not hasattr(model, "config") and hasattr(model, "module"):
-        model = model.module  # DDP / DeepSpeed engine
-    return model
 
 
 def _select(n: int, wanted: Optional[Sequence[int]], what: str) -> list[int]:
@@ -108,7 +102,7 @@ def capture_attention_inputs(model: nn.Module, input_ids: torch.Tensor, attentio
     """
     from ..layouts import get_layout
 
-    model = _unwrap(model)
+    model = unwrap_model(model)
     blocks = get_layout(model).attention_modules(model)
     wanted = _select(len(blocks), layers, "layer")
     captured: dict[int, torch.Tensor] = {}
@@ -145,7 +139,7 @@ def capture_attention_inputs(model: nn.Module, input_ids: torch.Tensor, attentio
 
 def resolve_causal(model: nn.Module, block: nn.Module, layout=None) -> bool:
     """Whether attention block ``block`` of ``model`` is causal (rules in the module docstring)."""
-    model = _unwrap(model)
+    model = unwrap_model(model)
     candidates = []
     if layout is not None:
         candidates.append(layout.core_module(block))
@@ -158,15 +152,6 @@ def resolve_causal(model: nn.Module, block: nn.Module, layout=None) -> bool:
     if getattr(config, "is_decoder", False):
         return True
     return getattr(config, "model_type", None) in CAUSAL_MODEL_TYPES
-
-
-def _gathered(module: nn.Module):
-    params = [p for p in module.parameters() if hasattr(p, "ds_id")]
-    if not params:
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 def _f64cpu(t):
@@ -368,7 +353,7 @@ def attention_jacobian_condition_number(
     from ..layouts import get_layout
 
     t0 = time.perf_counter()
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layout = get_layout(model)
     blocks = layout.attention_modules(model)
     layer_ids = _select(len(blocks), layers, "layer")
@@ -380,7 +365,7 @@ def attention_jacobian_condition_number(
     work = []
     for i in layer_ids:
         name, block = blocks[i]
-        with _gathered(block):
+        with gathered(block.parameters(), modifier_rank=None):
             g = layout.geometry(block, model.config)
             projs = layout.projections(block, g)
             if not compute:

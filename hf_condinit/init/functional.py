@@ -155,7 +155,7 @@ def mimetic_target(
 
 
 #: Relative Frobenius error of L R against A's exact best rank-r approximation up to which `mimetic_factors`
-#: accepts its fp32 subspace result (estimated, see `_top_singular_factors`); above it the computation reruns in
+#: accepts its fp32 subspace result (estimated, see `top_singular_factors`); above it the computation reruns in
 #: float64. Half the 1e-4 the tests and `hf_condinit.coverage` require.
 MIMETIC_TOL = 5e-5
 #: Eigenpairs past the r-th that the subspace path computes for its error estimate.
@@ -175,10 +175,10 @@ def mimetic_factors(target: torch.Tensor, rank: int | None = None) -> tuple[torc
     - ``D < SUBSPACE_MIN_DIM`` or ``2·r > D`` (e.g. the full-rank VO target of a multi-head block): the full
       ``torch.linalg.svd`` of A, the original implementation, bit for bit, except where fp32 cannot split σ_r from
       σ_{r+1} to `MIMETIC_TOL` (`_fp32_split_error`): then the SVD runs in float64.
-    - otherwise `_top_singular_factors`: only the top-r singular subspace, ~3× faster at D = 1280–1728, r = 64
+    - otherwise `top_singular_factors`: only the top-r singular subspace, ~3× faster at D = 1280–1728, r = 64
       (the full SVD again if LAPACK reports that it did not converge).
 
-    Elsewhere (an accelerator), the whole batch at once: `_top_singular_factors` with ``torch.linalg.eigh`` for its
+    Elsewhere (an accelerator), the whole batch at once: `top_singular_factors` with ``torch.linalg.eigh`` for its
     eigenpairs when ``D ≥ SUBSPACE_MIN_DIM`` and ``2·r ≤ D``, else `_gram_factors` in float64.
     """
     dim = target.shape[-1]
@@ -186,7 +186,7 @@ def mimetic_factors(target: torch.Tensor, rank: int | None = None) -> tuple[torc
     kept = min(r, dim)
     subspace = dim >= SUBSPACE_MIN_DIM and 2 * kept <= dim
     if _accelerated(target.device):
-        left, right = _top_singular_factors(target, kept)[:2] if subspace else _gram_factors(target, kept)
+        left, right = top_singular_factors(target, kept)[:2] if subspace else _gram_factors(target, kept)
     elif target.dim() > 2:
         pairs = [mimetic_factors(t, kept) for t in target.reshape(-1, dim, dim)]
         left = torch.stack([p[0] for p in pairs]).reshape(*target.shape[:-2], dim, kept)
@@ -195,7 +195,7 @@ def mimetic_factors(target: torch.Tensor, rank: int | None = None) -> tuple[torc
         factors = None
         if subspace:
             try:
-                factors = _top_singular_factors(target, kept)[:2]
+                factors = top_singular_factors(target, kept)[:2]
             except np.linalg.LinAlgError:  # syevx did not converge (LAPACK info > 0): the full SVD below
                 pass
         if factors is None:
@@ -225,7 +225,7 @@ def _gram_factors(target: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.
 def _fp32_split_error(s: torch.Tensor, rank: int) -> float:
     """Estimated relative Frobenius error of an fp32 SVD's rank-``rank`` product (singular values ``s``, descending):
     the subspace angle of a backward-stable solver, ε₃₂·σ₁ / (σ_r − σ_{r+1}), times √2·σ₁ / ‖Σ_r‖_F (as in
-    `_top_singular_factors`); an upper estimate (a 64-wide target with a 5e-4 relative gap: 4.7e-4 estimated, 1.9e-4
+    `top_singular_factors`); an upper estimate (a 64-wide target with a 5e-4 relative gap: 4.7e-4 estimated, 1.9e-4
     true)."""
     s = s.double()
     gap = float(s[rank - 1] - s[rank])
@@ -243,7 +243,7 @@ def _blas_threads():
     return ThreadpoolController()
 
 
-def _top_singular_factors(target: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+def top_singular_factors(target: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
     """The subspace path of `mimetic_factors` (2·rank ≤ D), (..., D, D) → (L, R) in fp32 and the precision that
     was accepted (float64 if any target of the batch needed the rerun).
 
@@ -292,7 +292,7 @@ def _top_eigenpairs(gram: torch.Tensor, count: int) -> tuple[torch.Tensor, torch
 
 
 def _ritz_factors(a64: torch.Tensor, dtype: torch.dtype, rank: int, extra: int):
-    """Steps 1–3 of `_top_singular_factors` on (B, D, D) float64 targets, the eigenpairs computed in ``dtype``:
+    """Steps 1–3 of `top_singular_factors` on (B, D, D) float64 targets, the eigenpairs computed in ``dtype``:
     fp32 (L, R) and, per target, whether the error estimate accepts them."""
     a = a64.to(dtype)
     vals, vecs = _top_eigenpairs(a.mT @ a, rank + extra + 1)

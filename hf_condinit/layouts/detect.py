@@ -34,7 +34,7 @@ from .base import RUNTIME_VARIANT_CHECKS, AttentionLayout, LayoutError, text_sco
 from .fused import FusedQKVLayout
 from .miniature import build_miniature, miniature_inputs, shrink_config
 from .proof import LayoutProof, prove_layout, record_attention, register_proof_implementation
-from .proof import PROOF_IMPLEMENTATION, _attn_implementation
+from .proof import PROOF_IMPLEMENTATION, using_attn_implementation
 from .separate import GATE_ORDERS, GatedQuerySeparateLayout, SeparateQKVLayout, storage_of
 
 __all__ = ["get_layout", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout",
@@ -218,7 +218,7 @@ def base_model_class(config) -> type | None:
 def trial_accept(key: tuple, config, layout: AttentionLayout) -> str | None:
     """``detect_layout``'s ``accept`` for the model type ``key`` of ``config``: `init_trial_refusal` with
     ``layout`` as the type's layout (cached under ``key`` while the trial builds; removed again when refused)."""
-    _CACHE[key] = (layout, None)
+    remember_layout(key, layout)
     reason = init_trial_refusal(config)
     if reason:
         del _CACHE[key]
@@ -344,7 +344,7 @@ def _restrict_to_softmax_blocks(model: nn.Module, layout: AttentionLayout, input
     if len({type(m) for _, m in blocks}) < 2:  # one class (or none): nothing to tell apart, the model is not touched
         return
     register_proof_implementation()
-    with _attn_implementation(model, PROOF_IMPLEMENTATION):
+    with using_attn_implementation(model, PROOF_IMPLEMENTATION):
         rec = record_attention(model, [m for _, m in blocks], inputs, products=False)
     calling = {type(m).__name__ for (_, m), calls in zip(blocks, rec.calls) if calls}
     silent = {type(m).__name__ for (_, m), calls in zip(blocks, rec.calls) if not calls}
@@ -353,6 +353,12 @@ def _restrict_to_softmax_blocks(model: nn.Module, layout: AttentionLayout, input
 
 
 _CACHE: dict[tuple, tuple[AttentionLayout | None, str | None]] = {}
+
+
+def remember_layout(key: tuple, layout: AttentionLayout) -> None:
+    """Take ``layout`` as the proved layout of the model type ``key`` (``(model_type, transformers version)``), as
+    `detected_layout` does once its detection passes."""
+    _CACHE[key] = (layout, None)
 
 
 def _miniature_classes(config, model_class) -> list:

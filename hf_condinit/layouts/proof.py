@@ -135,7 +135,7 @@ def _call_from_products(module: nn.Module, rec: _ProductRecorder, batch: int) ->
 
 
 @contextlib.contextmanager
-def _attn_implementation(model: nn.Module, name: str):
+def using_attn_implementation(model: nn.Module, name: str):
     """Switch ``model`` to attention implementation ``name`` (if it accepts it) and restore the previous one."""
     configs = []
     for m in model.modules():
@@ -320,7 +320,7 @@ def prove_layout(model: nn.Module, layout: AttentionLayout, inputs: dict, *, see
         raise LayoutError(f"layout {layout.name!r} finds no attention block in {type(model).__name__}.")
     blocks = [m for _, m in named]
     gen = torch.Generator().manual_seed(seed)
-    with _attn_implementation(model, PROOF_IMPLEMENTATION):
+    with using_attn_implementation(model, PROOF_IMPLEMENTATION):
         base = record_attention(model, blocks, inputs)
         via, cores, extra, geometries, projs = set(), set(), set(), [], []
         for i, block in enumerate(blocks):

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..callbacks import DEFAULT_PROBE_LENGTH, DEFAULT_PROBE_SIZE
 from ..names import did_you_mean, known_attention_names, known_init_names
-from .errors import UsageError, user_errors
+from ..errors import UsageError, user_errors
 
 
 # docs/methods.md §7 "LM settings used by the project unless a user overrides them". bf16 is not forced: it depends on
@@ -143,7 +143,7 @@ class CondInitArguments:
     )
 
     # Fields that are CondInitConfig options (same names).
-    _OPTION_FIELDS = (
+    OPTION_FIELDS = (
         "generator", "value_init", "qk_gain", "v_gain", "mimetic_alpha1", "mimetic_beta1", "mimetic_alpha2",
         "mimetic_beta2", "mimetic_vo_sign", "mimetic_dist", "spectral_lambda", "spectral_mode", "affine_rho",
         "affine_bias_length", "precond_eps", "precond_scale",
@@ -203,7 +203,7 @@ class CondInitArguments:
         option the method or ``--attention`` never reads (``--init mimetic --value_init per_head``) is refused.
         """
         out: dict[str, Any] = {"method": self.init, "seed": self.condinit_seed if self.condinit_seed is not None else seed}
-        for name in self._OPTION_FIELDS:
+        for name in self.OPTION_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

@@ -16,7 +16,7 @@ import copy
 import json
 import os
 
-from .errors import UsageError
+from ..errors import UsageError
 
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"

@@ -8,7 +8,7 @@ import os
 
 from ..registry import ATTENTION_VARIANTS
 from .arguments import CondInitArguments
-from .errors import UsageError
+from ..errors import UsageError
 
 logger = logging.getLogger(__name__)
 

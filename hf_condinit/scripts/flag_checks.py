@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from .errors import UsageError
+from ..errors import UsageError, check_writable_folder
 
 
 @dataclass(frozen=True)
@@ -158,23 +158,6 @@ def check_numeric_flags(parsed) -> None:
 
 #: The flags naming a folder a script writes into (whichever dataclass holds them), checked before any work.
 WRITTEN_FOLDER_FLAGS = ("output_dir", "cache_dir")
-
-
-def check_writable_folder(path: str, flag: str) -> None:
-    """Raise a :class:`UsageError` (one line) when the run could not write into folder ``path``: ``path`` is a file
-    (or a dangling link), a file stands where one of its parent folders should be, or the folder (or, when it does
-    not exist yet, its deepest existing parent, where it will be created) is not writable. Creates nothing."""
-    full = os.path.abspath(path)
-    if os.path.lexists(full) and not os.path.isdir(full):
-        raise UsageError(f"{flag} {path} is a file, not a folder; pass a folder (it is created when missing).")
-    existing = full
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise UsageError(f"{flag} {path}: {existing} is a file, so the folder cannot be created there.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        where = "is not writable" if existing == full else f"cannot be created: {existing} is not writable"
-        raise UsageError(f"{flag} {path} {where}; pass a folder you can write to.")
 
 
 def check_written_folders(parsed) -> None:

@@ -4,8 +4,8 @@ model work (every script calls it from :func:`hf_condinit.scripts.parsing.parse_
 - torch < 2.6 has no FSDP2 (``torch.distributed.fsdp.fully_shard`` is public from 2.6; accelerate 1.15's
   ``FullyShardedDataParallelPlugin`` raises ``FSDP2 requires PyTorch >= 2.6.0`` only when the Trainer is built, after
   the model; accelerate 1.16 requires torch >= 2.6): a run asking for FSDP2 is refused at start with one line
-  (:func:`check_fsdp2_support`, a :class:`~.errors.UsageError`: exit code 2); so is a run on accelerate < 1.6,
-  which has no FSDP2.
+  (:func:`check_fsdp2_support`, a :class:`~hf_condinit.errors.UsageError`: exit code 2); so is a run on accelerate <
+  1.6, which has no FSDP2.
 - accelerate < 1.16 loads the rank-0 weights of ``cpu_ram_efficient_loading`` (``fsdp2_load_full_state_dict``)
   as if every state-dict entry were a sharded parameter (a DTensor): a persistent buffer, which ``fully_shard``
   leaves a plain tensor (affine_scaled's ``alpha_ma``, the spectral holder's ``C``), fails on every rank with
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 
 from ..versions import too_old
-from .errors import UsageError
+from ..errors import UsageError
 from .launch import fsdp_version
 
 #: The first torch release with FSDP2 (``torch.distributed.fsdp.fully_shard``; accelerate's FSDP2_PYTORCH_VERSION).

@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .errors import UsageError
+from ..errors import UsageError
 
 LM_HEAD_CE_CHOICES = ("default", "chunked")
 

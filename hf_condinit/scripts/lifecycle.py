@@ -8,9 +8,9 @@ import math
 import os
 
 from ..versions import RESUME_MIN_TORCH, torch_below
-from . import run_lock
-from .checkpoints import STAGING_DIR, check_checkpoint, checkpoints_newest_first, newest_complete_checkpoint
-from .errors import UsageError
+from .. import locks
+from ..checkpoints import STAGING_DIR, check_checkpoint, checkpoints_newest_first, newest_complete_checkpoint
+from ..errors import UsageError
 from .machine import machine_summary
 
 logger = logging.getLogger(__name__)
@@ -20,11 +20,12 @@ def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -
     """The checkpoint to resume from, by the policy that a rerun never destroys an earlier run. Call it before any
     data or model work; pass its result to ``trainer.train(resume_from_checkpoint=...)``.
 
-    - ``--output_dir`` in use by a live run (:mod:`.run_lock`): :class:`UsageError` naming it.
+    - ``--output_dir`` in use by a live run (:mod:`hf_condinit.locks`): :class:`UsageError` naming it.
     - ``--resume_from_checkpoint DIR`` (or ``last``/``latest``/``true``: the newest complete ``checkpoint-*`` in
-      ``--output_dir``): that checkpoint; a missing, incomplete or damaged one (:func:`.checkpoints.check_checkpoint`,
-      content verified) is a :class:`UsageError` saying what is wrong. A checkpoint at the run's last step trains
-      nothing: the run finishes from it (:meth:`.trainer.CondInitTrainer._run_epoch`).
+      ``--output_dir``): that checkpoint; a missing, incomplete or damaged one
+      (:func:`hf_condinit.checkpoints.check_checkpoint`, content verified) is a :class:`UsageError` saying what is
+      wrong. A checkpoint at the run's last step trains nothing: the run finishes from it
+      (:meth:`.trainer.CondInitTrainer._run_epoch`).
     - not training, or ``--output_dir`` missing or empty (but for the lock and a killed save's staging folder):
       ``None`` (a fresh run).
     - ``--output_dir`` holds ``checkpoint-*`` of an unfinished run (not :func:`run_finished`: killed in training or
@@ -33,7 +34,7 @@ def find_last_checkpoint(training_args, logger_: logging.Logger | None = None) -
       writes the final files), and says so in one line (with how to start over instead). When none is complete, the
       run starts over in the folder (the damaged ones are kept, and moved aside if a new checkpoint needs the name).
     - ``--output_dir`` holds files of a run of this plugin that died without a checkpoint (its lock record left
-      behind, :func:`.run_lock.dead_holder`): ``None``, the run starts over, with one warning.
+      behind, :func:`hf_condinit.locks.dead_holder`): ``None``, the run starts over, with one warning.
     - ``--output_dir`` holds a finished run, or other files without a checkpoint: :class:`UsageError` naming both ways
       on (a new ``--output_dir``, or ``--resume_from_checkpoint`` to continue that run).
 
@@ -56,7 +57,7 @@ def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str 
     """`find_last_checkpoint`'s policy, without the torch check."""
     log = logger_ or logger
     out = training_args.output_dir
-    run_lock.refuse_if_busy(out)
+    locks.refuse_if_busy(out)
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("last", "latest", "true"):
         found = newest_complete_checkpoint(out, log)
@@ -70,7 +71,7 @@ def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str 
         if problem:
             raise UsageError(f"--resume_from_checkpoint {resume}: {problem}; name an earlier checkpoint.")
         return resume
-    own = {run_lock.LOCK_NAME, STAGING_DIR}
+    own = {locks.LOCK_NAME, STAGING_DIR}
     if not training_args.do_train or not os.path.isdir(out) or not set(os.listdir(out)) - own:
         return None
     finished = run_finished(out)
@@ -85,7 +86,7 @@ def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str 
             f"--output_dir or delete {out})."
         )
         return last
-    died = None if finished else run_lock.dead_holder(out)
+    died = None if finished else locks.dead_holder(out)
     if died:
         log.warning(f"--output_dir {out} holds a run that stopped without a checkpoint ({died.get('command')}, PID "
                     f"{died.get('pid')} on {died.get('host')}): starting over")
@@ -101,17 +102,17 @@ def _checkpoint_to_resume(training_args, logger_: logging.Logger | None) -> str 
 
 def run_finished(output_dir: str) -> bool:
     """Whether ``output_dir`` holds a finished run: its ``train_results.json`` is written and the script that wrote
-    it returned normally, which clears the lock's record last (:func:`.run_lock.dead_holder`, cleared by
-    :func:`.errors.run_main` after the final model, the results and the evaluation). A run killed while writing its
-    final files is unfinished: a rerun writes them again (from its last checkpoint when it has one)."""
-    return os.path.exists(os.path.join(output_dir, "train_results.json")) and not run_lock.dead_holder(output_dir)
+    it returned normally, which clears the lock's record last (:func:`hf_condinit.locks.dead_holder`, cleared by
+    :func:`hf_condinit.commands.run_main` after the final model, the results and the evaluation). A run killed while
+    writing its final files is unfinished: a rerun writes them again (from its last checkpoint when it has one)."""
+    return os.path.exists(os.path.join(output_dir, "train_results.json")) and not locks.dead_holder(output_dir)
 
 
 def claim_output_dir(training_args) -> None:
-    """Take ``--output_dir``'s lock for this run (:func:`.run_lock.claim`: one run per folder; rank 0 takes it for
-    every rank). Call it first inside the script's ``with user_errors(training_args.output_dir):`` block, where the
+    """Take ``--output_dir``'s lock for this run (:func:`hf_condinit.locks.lock_output_dir`: one run per folder;
+    rank 0 takes it for every rank). Call it first inside the script's ``with user_errors(training_args.output_dir):`` block, where the
     run starts writing: a second run into the folder then stops with one line (exit 2) before any work."""
-    run_lock.claim(training_args.output_dir)
+    locks.lock_output_dir(training_args.output_dir)
 
 
 def select_splits(lm_datasets, training_args, max_train_samples: int | None = None, max_eval_samples: int | None = None,

@@ -6,7 +6,7 @@ import sys
 import warnings
 
 from .arguments import MODEL_DEFAULT, CondInitArguments
-from .errors import UsageError
+from ..errors import UsageError
 from .machine import has_accelerator
 from .parsing import flags_given
 
@@ -68,7 +68,7 @@ def check_loaded_model_flags(cond_args: "CondInitArguments", argv: list[str] | N
     (``sys.argv[1:]`` when ``None``) are refused with ``--model_name_or_path``."""
     if not model_name_or_path:
         return
-    names = ("init", "condinit_seed", *CondInitArguments._OPTION_FIELDS)
+    names = ("init", "condinit_seed", *CondInitArguments.OPTION_FIELDS)
     refused = sorted(flags_given(sys.argv[1:] if argv is None else list(argv), names))
     if refused:
         flags = ", ".join("--" + n for n in refused)

@@ -13,7 +13,7 @@ from typing import Any
 from .arguments import MODEL_DEFAULT, SCRIPT_DEFAULTS, CondInitArguments
 from .deepspeed_checks import check_deepspeed_file, validate_deepspeed_config
 from ..names import did_you_mean
-from .errors import UsageError, user_errors
+from ..errors import UsageError, user_errors
 from .flag_checks import check_model_paths, check_numeric_flags, check_written_folders
 from .fsdp_compat import set_up_fsdp
 from .launch import report_launch

@@ -8,35 +8,12 @@ import json
 import os
 import shutil
 
-from . import checkpoint_weights, checkpoints
+from transformers import Trainer as _Trainer
+
+from .. import checkpoints
+from ..attention import no_decay_parameter_names
+from . import checkpoint_weights
 from .arguments import CondInitArguments
-
-
-def no_decay_parameter_names(model) -> set[str]:
-    """Names of the parameters kept out of weight decay: every ``condinit_`` holder parameter, and every
-    parameter with fewer than 2 dimensions (biases, LayerNorm/RMSNorm weights, sink logits): nanoGPT's rule.
-    Under ZeRO-3 the real shape is read from ``ds_shape`` (partitioned parameters are flat).
-
-    Adds the names from ``hf_condinit.attention.no_decay_parameter_names`` when that helper exists."""
-    names = set()
-    for n, p in model.named_parameters():
-        shape = getattr(p, "ds_shape", None)
-        ndim = len(shape) if shape is not None else p.ndim
-        if ndim < 2 or "condinit_" in n:
-            names.add(n)
-    try:
-        from hf_condinit.attention import no_decay_parameter_names as helper
-    except ImportError:
-        helper = None
-    if helper is not None:
-        names |= set(helper(model))
-    return names
-
-
-try:
-    from transformers import Trainer as _Trainer
-except ImportError:  # pragma: no cover
-    _Trainer = object
 
 
 class CondInitTrainer(_Trainer):
@@ -45,9 +22,10 @@ class CondInitTrainer(_Trainer):
     (:class:`hf_condinit.callbacks.NonFiniteLossCallback`) and which does not warn about tied weights
     (``lm_head.weight``) that a checkpoint leaves out by design. For long runs on a cluster:
 
-    - checkpoints are atomic (:meth:`_save_checkpoint`, :mod:`.checkpoints`): staged, fsynced, manifest last, renamed
-      into place; ``--save_total_limit`` deletes old ones only after the new one is complete; a save that finds no
-      room says so (:class:`.checkpoints.CheckpointSaveError`) and leaves the previous checkpoint intact;
+    - checkpoints are atomic (:meth:`_save_checkpoint`, :mod:`hf_condinit.checkpoints`): staged, fsynced, manifest
+      last, renamed into place; ``--save_total_limit`` deletes old ones only after the new one is complete; a save
+      that finds no room says so (:class:`checkpoints.CheckpointSaveError`) and leaves the previous
+      checkpoint intact;
     - SIGTERM / SIGINT / SIGUSR1 save a checkpoint at the end of the step and stop
       (:class:`hf_condinit.callbacks.PreemptionCallback`, ``self.preemption``): :meth:`train` then raises
       :class:`hf_condinit.callbacks.TrainingPreempted` rather than returning, so that no caller takes the partly
@@ -103,7 +81,7 @@ class CondInitTrainer(_Trainer):
 
     def save_metrics(self, split, metrics, combined=True) -> None:
         """The stock ``save_metrics`` (``<split>_results.json``, merged into ``all_results.json``), each file written
-        whole (:func:`.checkpoints.write_atomically`): a kill leaves the old file or the new one. An unreadable
+        whole (:func:`checkpoints.write_atomically`): a kill leaves the old file or the new one. An unreadable
         ``all_results.json`` (a kill during a write of the stock Trainer) is replaced."""
         if not self.is_world_process_zero():
             return
@@ -121,7 +99,7 @@ class CondInitTrainer(_Trainer):
             checkpoints.write_atomically(path, json.dumps(merged, indent=4, sort_keys=True))
 
     def save_state(self) -> None:
-        """The stock ``save_state`` (``trainer_state.json``), written whole (:func:`.checkpoints.write_atomically`)."""
+        """The stock ``save_state`` (``trainer_state.json``), written whole (:func:`checkpoints.write_atomically`)."""
         if not self.is_world_process_zero():
             return
         checkpoints.write_atomically(os.path.join(self.args.output_dir, "trainer_state.json"),
@@ -139,7 +117,7 @@ class CondInitTrainer(_Trainer):
             return super().get_train_dataloader()
 
     def get_decay_parameter_names(self, model) -> list[str]:
-        skip = no_decay_parameter_names(model)
+        skip = set(no_decay_parameter_names(model, vectors=True))
         return [n for n, _ in model.named_parameters() if n not in skip]
 
     def _loads_safetensors_itself(self, model, folder: str) -> bool:
@@ -201,9 +179,9 @@ class CondInitTrainer(_Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         """The stock save, made atomic: every rank writes into ``<run>/.checkpoint-staging/checkpoint-<step>``; once
         all have (barrier), the saving process fsyncs the files, writes the manifest last and renames the folder to
-        ``<run>/checkpoint-<step>`` (:func:`.checkpoints.publish`), then applies ``--save_total_limit`` over the
+        ``<run>/checkpoint-<step>`` (:func:`checkpoints.publish`), then applies ``--save_total_limit`` over the
         complete checkpoints. Before writing, a save that would not fit next to the last checkpoint (its size) stops
-        the run with :class:`.checkpoints.CheckpointSaveError`; so does a save that fails for lack of space."""
+        the run with :class:`checkpoints.CheckpointSaveError`; so does a save that fails for lack of space."""
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         from ..callbacks.run_totals import STATE_KEY

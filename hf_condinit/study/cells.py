@@ -7,7 +7,7 @@ Files under ``<out>`` (``key``: :attr:`hf_condinit.study.plan.Cell.key`):
 - ``failed/<key>.json``: the record of a **failed** cell: the command exited with a code other than 0, 2 and 75 and
   was not killed by a signal (a non-finite loss exits 1). A failed cell is not rerun; it counts as worse than any
   finished one on the grid; delete the record to retry it.
-- ``claims/<key>.lock``: the cell's claim (:mod:`hf_condinit.study.files`), held with ``flock`` by the worker running
+- ``claims/<key>.lock``: the cell's claim (:mod:`hf_condinit.locks`), held with ``flock`` by the worker running
   the cell **and** by the command itself (the lock's file descriptor is passed to it), so a claim stays alive while
   either lives and the kernel drops it when both are gone: a dead claim is simply taken again. The file names the
   host and PID of its claimant; the worker removes it when the cell's command has ended.
@@ -37,7 +37,8 @@ import sys
 import time
 
 from ..reporting.runs import lower_is_better, read_final_metrics
-from .files import claimed, is_claimed, write_json
+from ..locks import claimed, is_claimed
+from .files import write_json
 from .plan import WAIT, Cell, Plan, resolve, slots
 from .recipes import parse_recipe
 

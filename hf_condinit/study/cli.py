@@ -32,7 +32,8 @@ import subprocess
 import sys
 import time
 
-from ..scripts.errors import UsageError, run_main
+from ..commands import run_main
+from ..errors import UsageError
 from .cells import PREEMPTED, StudyPreempted, check_command, claimants, progress, run_worker
 from .plan import Plan, grow, slots
 from .recipes import parse_recipe

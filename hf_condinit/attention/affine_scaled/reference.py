@@ -19,7 +19,7 @@ def affine_scaled_reference(
     """``out = [α(X)·softmax(QKᵀ/√d) + β(X)]·V`` with β = (α_ma − α)/N on the N visible keys only (docs/methods.md §5).
 
     The output uses α_ma as it stood before the batch; training forward passes then update it (EMA over real
-    tokens), exactly like the fast path. X arrives in ``kwargs`` (`hf_condinit.attention.holders.AFFINE_INPUT_KWARG`).
+    tokens), exactly like the fast path. X arrives in ``kwargs`` (`.holder.AFFINE_INPUT_KWARG`).
     """
     holder = get_holder(module, "condinit_affine", "affine_scaled")
     x = holder.input_from(kwargs)

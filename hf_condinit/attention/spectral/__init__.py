@@ -27,7 +27,6 @@ from .conditioning import (
     PROJECTION_TOL,
     apply_spectral_conditioning,
     forward_weight,
-    gathered,
     inject_spectral,
     low_precision_error,
     merge_spectral,
@@ -47,6 +46,5 @@ __all__ = [
     "merge_spectral",
     "remove_spectral",
     "low_precision_error",
-    "gathered",
     "PROJECTION_TOL",
 ]

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
+from ...parallel import gathered
 from .holder import SpectralHolder
 
 __all__ = [
@@ -18,7 +17,6 @@ __all__ = [
     "merge_spectral",
     "remove_spectral",
     "low_precision_error",
-    "gathered",
     "PROJECTION_TOL",
 ]
 
@@ -74,19 +72,6 @@ def forward_weight(core: nn.Module, projection: nn.Module) -> torch.Tensor:
         if isinstance(holder, SpectralHolder) and holder.projection_module is projection:
             w = w + holder.C.to(w.dtype)
     return w
-
-
-@contextlib.contextmanager
-def gathered(params):
-    """Gather DeepSpeed ZeRO-3 partitioned parameters (no-op otherwise)."""
-    params = [p for p in params if hasattr(p, "ds_id")]
-    if not params:
-        yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-        yield
 
 
 def _record(config, **updates) -> None:

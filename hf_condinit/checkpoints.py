@@ -49,7 +49,7 @@ DIGEST = "xxh3_128"
 
 class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written (e.g. the disk is full); the previous one is intact.
-    :func:`~.errors.run_main` prints it as one line and exits 1."""
+    :func:`~.commands.run_main` prints it as one line and exits 1."""
 
 
 def checkpoint_step(path: str) -> int | None:
@@ -194,7 +194,7 @@ def checkpoint_size(path: str) -> int:
         return sum(_files(path).values())
 
 
-def _fsync(path: str, directory: bool = False) -> None:
+def fsync_path(path: str, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
@@ -211,7 +211,7 @@ def write_atomically(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync(os.path.dirname(os.path.abspath(path)), directory=True)
+    fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
 
 
 def write_manifest(folder: str, step: int) -> None:
@@ -222,15 +222,15 @@ def write_manifest(folder: str, step: int) -> None:
     files.pop(MANIFEST_NAME, None)
     paths = [os.path.join(folder, rel) for rel in files]
     with ThreadPoolExecutor(1) as pool:  # the digests read the page cache while the disk takes the fsyncs
-        synced = pool.map(_fsync, paths)
+        synced = pool.map(fsync_path, paths)
         digests = {rel: file_digest(path) for rel, path in zip(files, paths)}
         list(synced)  # every file on disk (an fsync's error raised here)
     manifest = {"step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files, DIGEST: digests}
     write_atomically(os.path.join(folder, MANIFEST_NAME), json.dumps(manifest, indent=1))
     for root, dirs, _ in os.walk(folder):
         for d in dirs:
-            _fsync(os.path.join(root, d), directory=True)
-    _fsync(folder, directory=True)
+            fsync_path(os.path.join(root, d), directory=True)
+    fsync_path(folder, directory=True)
 
 
 def publish(staged: str, final: str, log: logging.Logger | None = None) -> None:
@@ -246,7 +246,7 @@ def publish(staged: str, final: str, log: logging.Logger | None = None) -> None:
         os.rename(final, aside)
         (log or logger).warning(f"{final} {problem}: moved to {aside} to save the new one in its place")
     os.rename(staged, final)
-    _fsync(os.path.dirname(final), directory=True)
+    fsync_path(os.path.dirname(final), directory=True)
 
 
 def rotate(output_dir: str, save_total_limit: int | None, keep: str | None = None) -> list[str]:

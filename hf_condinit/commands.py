@@ -1,46 +1,14 @@
-"""User errors of the scripts and how a script ends: :class:`UsageError`, :func:`user_errors`, :func:`run_main`
-(with :func:`end_process_group`).
-
-A user error (bad flag, missing or bad file, impossible combination) prints one line ``<script>: error: ...`` on
-stderr and exits 2, as argparse does; a real bug keeps its traceback. A misspelt name (a flag, a model type, an
-attention implementation) gets the closest known one in that line (:func:`hf_condinit.names.did_you_mean`)."""
+"""How a command of the package runs and ends: :func:`run_main` (a user error is one line and exit code 2) and
+:func:`end_process_group`. The example scripts and ``hf-condinit-study`` end through it (docs/development.md)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
 
-
-class UsageError(ValueError):
-    """A user error: a bad flag value, a missing or unreadable file, an impossible combination.
-
-    :func:`run_main` prints it as one line and exits 2 (argparse's convention); any other exception is a bug and
-    keeps its traceback. A ``ValueError`` subclass, so ``pytest.raises(ValueError)`` and callers catching
-    ``ValueError`` keep working."""
-
-
-@contextlib.contextmanager
-def user_errors(output_dir: str | None = None):
-    """Treat the ``ValueError`` / ``OSError`` raised inside the block as user errors (:class:`UsageError`).
-
-    Wrap the checks a script makes before any model work (flags, files, data loading). With ``output_dir``: when the
-    block raises a user error and the directory did not exist on entry, it is removed, so a failed start leaves
-    nothing behind (e.g. a tokenizer saved before the data turned out too short)."""
-    existed = output_dir is None or os.path.exists(output_dir)
-    try:
-        yield
-    except Exception as err:
-        if not isinstance(err, (UsageError, ValueError, OSError)):
-            raise
-        if not existed and os.path.isdir(output_dir):
-            shutil.rmtree(output_dir, ignore_errors=True)
-        if isinstance(err, UsageError):
-            raise
-        raise UsageError(str(err)) from err
+from .errors import UsageError
 
 
 def run_main(main: Callable, argv: list[str] | None = None, prog: str | None = None):
@@ -49,12 +17,12 @@ def run_main(main: Callable, argv: list[str] | None = None, prog: str | None = N
     :class:`~.checkpoints.CheckpointSaveError` (e.g. a full disk) one line and exit code 1; a
     :class:`hf_condinit.callbacks.TrainingPreempted` (a signal stopped training after a checkpoint) one line
     ``<prog>: <message>`` and exit code :data:`hf_condinit.callbacks.PREEMPTED_EXIT_CODE` (75); everything else
-    propagates with its traceback. A normal return clears the ``--output_dir`` lock's record (:mod:`.run_lock`).
+    propagates with its traceback. A normal return clears the ``--output_dir`` lock's record (:mod:`.locks`).
     On a normal return and on a preemption's exit (every rank ends there together) the process group of a distributed
     run is ended first (:func:`end_process_group`); the error exits leave it (one rank may stop alone).
     Use as ``if __name__ == "__main__": run_main(main)``."""
-    from ..callbacks import PREEMPTED_EXIT_CODE, NonFiniteLossError, TrainingPreempted
-    from . import run_lock
+    from . import locks
+    from .callbacks import PREEMPTED_EXIT_CODE, NonFiniteLossError, TrainingPreempted
     from .checkpoints import CheckpointSaveError
 
     prog = prog or os.path.basename(sys.argv[0])
@@ -71,7 +39,7 @@ def run_main(main: Callable, argv: list[str] | None = None, prog: str | None = N
         print(f"{prog}: {err}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
     end_process_group()
-    run_lock.release_all(clear=True)  # a normal end: the next run in the folder finds no record of a failed one
+    locks.unlock_all(clear=True)  # a normal end: the next run in the folder finds no record of a failed one
     return result
 
 
