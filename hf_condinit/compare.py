@@ -1,43 +1,25 @@
 """Compare finished runs side by side: ``python -m hf_condinit.compare RUN_DIR [RUN_DIR ...] [--out DIR]``
-(console script ``hf-condinit-compare``).
+(console script ``hf-condinit-compare``); how to read it: docs/diagnostics.md, "Reading your runs".
 
-Reads the output folder of each run (any script: ``run_clm.py``, ``run_mlm.py``, ``run_glue.py``, ...; see
-:mod:`hf_condinit.reporting.runs` for the files) and prints a Markdown table. It writes nothing unless asked: with
-``--out DIR`` the table goes to ``DIR/compare.md`` and two overlay figures next to it::
-
-    python run_clm.py --init default     --output_dir A --do_train --do_eval ...
-    python run_clm.py --init conditioned --output_dir B --do_train --do_eval ...
-    python -m hf_condinit.compare A B                 # the table, on stdout only
-    python -m hf_condinit.compare A B --out figures   # and figures/compare.md, compare_eval.png, compare_kappa.png
+Reads the output folder of each run (any script; :mod:`hf_condinit.reporting.runs` for the files) and prints a
+Markdown table; with ``--out DIR`` it also writes ``DIR/compare.md``, ``compare_eval.png`` (the metric vs step) and
+``compare_kappa.png`` (κ vs step, log scale, a lower bound as a hollow triangle). A figure whose runs have one point
+each is not drawn.
 
 Table columns (:func:`compare_table`): the arm (folder name), its init recipe (``config.json``'s ``condinit`` and
-attention), the final value of the evaluation metric (the run's own: ``eval_recall_accuracy`` for the synthetic
-recall task, ``eval_accuracy`` (or the GLUE task's metric) for classification, ``eval_loss`` for LM runs on text;
-or ``--metric``), the first evaluated step at which the run is at least as good as the best *other* run's final
-value ("not reached" when it never is), κ(J) at the first and last measurement (``kappa/mean``: mean over layers
-of the mean over heads; "—" without ``--log_condition_number_every``; ``≥`` marks a lower bound: some head's κ hit
-the float64 resolution, so the true value is larger, and a group's mean that includes such a value is one too),
-training tokens/s with what it was measured on (the machine, torch's thread count and the load average the run
-recorded in ``train_results.json``: a throughput says as much about the machine as about the run) and, when some
-run has it, the zero-shot BLiMP accuracy (``blimp_accuracy`` of ``eval_results.json``: ``run_clm.py --blimp_dir``
-or ``python -m hf_condinit.zero_shot RUN_DIR --blimp_dir DIR --save``).
-
-Figures (with ``--out`` only): ``compare_eval.png`` (the metric vs step, every run) and ``compare_kappa.png`` (κ vs
-step, log scale; only when some run logged κ; a κ that is only a lower bound gets a hollow triangle and its own
-legend entry). Each arm is labelled with its folder and its recipe (``B: conditioned (seed 0)``). A figure whose
-runs have one point each (one final evaluation, one κ measurement) is not drawn: the table says it all.
+attention), the final value of the run's own evaluation metric (or ``--metric``), the first evaluated step at which
+the run is at least as good as the best *other* run's final value ("not reached"), κ(J) (``kappa/mean``) at the
+first and last measurement (``≥``: a lower bound), training tokens/s with the machine, thread count and load average
+it was measured on, and the zero-shot BLiMP accuracy when some run has it.
 
 **Seeds and the paired verdict.** Runs with the same recipe and learning rate but different seeds are one arm (one
-row, the means over its seeds; :func:`group_runs`). The seed and the learning rate are read from the run's model
-card (``README.md``, HF's "Training hyperparameters": ``- seed: N``, ``- learning_rate: X``; the recipe's seed
-otherwise). Below the table, every arm is compared with the baseline (``--baseline``; default: the model's default
-init with the default attention, else the first arm) by :func:`paired_rows`: the paired difference by seed of the
-final metric (pairs only between runs on the same machine, ``train_machine``, and the same data, the card's "Training
-and evaluation data"), its mean, 95 % Student-t interval and Holm-corrected verdict over the table's rows
-(:mod:`hf_condinit.stats`), steps to reach the baseline's final value and whether the arm's eval curve is flat. Each
-arm is paired with the baseline at its own learning rate when the baseline ran at it, else at the baseline's best
-rate; arms at different rates get a warning unless both recipes ran at several rates (a grid): a difference between
-two rates says nothing about the recipes (``python -m hf_condinit.study`` picks each arm's rate on a grid).
+row, the means over its seeds; :func:`group_runs`; seed and rate read from the run's model card). Below the table,
+every arm is compared with the baseline (``--baseline``; default: the model's default init with the default
+attention, else the first arm) by :func:`paired_rows`: the paired difference by seed of the final metric (pairs only
+on the same machine and the same data), its mean, 95 % Student-t interval and Holm-corrected verdict over the
+table's rows (:mod:`hf_condinit.stats`), steps to reach the baseline's final value and whether the arm's eval curve
+is flat. An arm is paired with the baseline at its own learning rate when the baseline ran at it, else at the
+baseline's best rate; arms at different rates get a warning unless both recipes ran at several rates.
 
 Public API (reused by ``benchmarks/`` and :mod:`hf_condinit.study`): :func:`load_run`, :func:`compare_table`,
 :func:`format_table`, :func:`plot_eval_curves`, :func:`plot_kappa`, :func:`main`; :class:`RunGroup` (the seeds of one

@@ -1,85 +1,23 @@
-"""Condition number of the attention Jacobian with respect to the query, key and value weights.
+"""Condition number of the attention Jacobian with respect to the query, key and value weights, its side quantities
+and bounds (docs/methods.md §6, "The definitions", where the choices below are argued).
 
-Pure tensor functions: no model, layout or Trainer knowledge (docs/methods.md §6; Saratchandran & Lucey, "Conditioned
-Initialization for Attention", Figures 1 and 3). J, its Gram matrix ``G = J Jᵀ``, the notation (X, P, A, ``Λ(p)``,
-``M_t``, ``R_t``, the scaling ``s``), the vec convention and the closed form used below are those of
+Pure tensor functions: no model, layout or Trainer knowledge. J, its Gram matrix ``G = J Jᵀ``, the notation (X, P,
+A, ``Λ(p)``, ``M_t``, ``R_t``, the scaling ``s``), the vec convention and the closed form are those of
 :mod:`.jacobian`.
 
-Condition number: ``κ(J) = sqrt(λ_max / λ_min⁺)`` over the eigenvalues of G, where ``λ_min⁺`` is the smallest
-eigenvalue ``> rtol · λ_max`` (``method="eig"``, default ``rtol = 1e-12``, so κ values above ~1e6 cannot be
-resolved this way), or ``σ_max / σ_min⁺`` over the singular values of the explicit J (``method="svd"``, float64,
-default ``rtol`` on the λ = σ² scale ``(max(m, n)·eps)²``, i.e. the numpy ``matrix_rank`` tolerance on σ; it
-resolves κ up to ~1e12 but needs J in memory: small probes only). With ``method="eig"`` and ``refine=True`` (the
-default), a saturated result (below) is recomputed with ``method="svd"`` whenever J has at most
-``SVD_REFINE_MAX_ELEMENTS`` entries, so small probes get the resolvable value rather than an eig artefact.
-
-What a reported κ is (``HeadCondition.kappa_is_lower_bound``): when the result is not saturated, κ is the
-pseudo-condition number of J (to the accuracy of float64 eigen/singular values). When it is saturated, κ is the
-condition number of the resolvable part of J, which is a **lower bound** of the true one: every dropped eigenvalue
-is either a true zero (then κ is exact) or a true non-zero value below the tolerance, hence below every kept one
-(then the true κ is larger).
-
-Choice: ``saturated`` means *more eigenvalues fell under the tolerance than the a-priori rank deficit*
-``n_structural = n_rows − min(n_rows, n_cols − n_null)`` of J, where ``n_null`` counts the parameter directions that
-never change A: the gauge ``(W_Q, W_K) → (W_Q E, W_K E⁻ᵀ)`` (``d²`` directions, ``d² − d`` with a query bias) and,
-when the all-ones vector lies in the column space of the stacked X, the key shift ``X dW_K = 1 uᵀ`` (``d``). It is
-non-zero only for probes with more tokens than width (T·d > 3·D·d − n_null). In random trials with d < D it
-matched the exact rank every time; with d ≥ D (a single head as wide as the model) further coincidences can add
-exact zeros. The reported κ is then the condition number of the numerically resolvable part
-of J: the true pseudo-condition number is either larger (J is more ill-conditioned than float64 resolves — the
-typical case under a causal mask, where σ_min(J) is governed by σ_min(P X) and the lower-triangular P can reach
-κ(P) ~ 1e9) or equal (J is exactly rank-deficient: uniform attention, or probe sequences sharing a prefix under a
-causal mask, which duplicates rows of J). The diagnostic cannot tell these two apart; ``n_below_tol`` says how
-many eigenvalues were dropped, and ``method="svd"`` pushes the resolvable range from ~1e6 to ~1e12.
-
-Pseudo-condition numbers reported beside κ (each ``σ_max / σ_min⁺`` with ``σ_min⁺`` the smallest singular value
-``> max(shape)·eps·σ_max``):
-
-- ``kappa_x``: of the stacked valid tokens ``X ∈ R^{T×D}`` (T = number of valid tokens over all sequences);
-- ``kappa_px``: of the stacked ``P X ∈ R^{T×D}`` (rows of valid queries), the matrix in ``J_V = I_d ⊗ (P X)``;
-- ``kappa_p``: ``κ(softmax S)``: of P, taken as the block-diagonal over sequences of ``P_b[valid queries, valid
-  keys]`` (so its singular values are the union of those of the per-sequence blocks);
-- ``kappa_lambda``: ``κ(Λ(softmax S))``: of the row-wise softmax Jacobian ``∂vec(P)/∂vec(S)``, i.e. the
-  block-diagonal ``blockdiag_t Λ(p_t)`` over all valid query rows t of all sequences. Each Λ(p_t) is symmetric PSD
-  and singular (the constant vector and the masked keys are in its kernel); its non-zero eigenvalues, pooled over
-  rows, give σ_max / σ_min⁺. A row with a single visible key (the first token under a causal mask) has Λ = 0 and
-  contributes nothing;
-- ``kappa_wq``, ``kappa_wk``, ``kappa_wv``: of the (D, d) weights.
-
-Two quantities are reported beside κ (``bound`` and ``upper_bound``); only the second is an upper bound of κ(J).
-
-**``bound``: the papers' surrogate** (docs/methods.md §1),
-``bound = kappa_x**3 · kappa_lambda · kappa_wv · (kappa_wq + kappa_wk) + kappa_x · kappa_p``. It names the factors
-that drive κ(J), but it is **not** an upper bound of this J, and the measured κ may exceed it. Two reasons:
-
-1. it ignores the scale of W_V, which κ(J) does not. Scaling W_V by c leaves P, ``J_V = I_d ⊗ (P X)`` and every
-   factor of the surrogate unchanged, but multiplies ``J_QK = [J_Q J_K]`` by c (``M_t`` and ``R_t`` are linear in
-   V). Under a causal mask the first query of a sequence sees one key, so ``Λ(p_0) = 0``: its rows of J are J_V's
-   alone and the unit vector on them gives ``λ_min(G) ≤ |x_0|²``, while ``λ_max(G) ≥ ‖J_QK‖₂²``. Hence
-   ``κ(J) ≥ ‖J_QK‖₂ / |x_0|``, which grows ∝ c past any fixed surrogate (e.g. a value projection grown by training;
-   ``tests/test_kappa_display.py`` checks it against autograd). Without a mask κ(J) need not grow (G_QK can
-   lift λ_min too);
-2. it chains ``κ(AB) ≤ κ(A) κ(B)`` and ``κ([A B]) ≤ κ(A) + κ(B)``, which hold for full-rank factors only, but Λ(P)
-   is always singular (its kernel holds the constant vector and the masked keys), LayerNorm's X lies on a
-   hyperplane, and with more probe tokens than width (T > D) PX cannot have full row rank. In random float64 trials
-   (one head, N ≤ 8, D ≤ 9, d ≤ 3, X and W scales from 1e-2 to 20, causal or not) it failed in 20 of 114 cases with
-   T > D (``tests/test_diagnostics.py::test_bound_is_not_a_theorem``).
-
-Only its second term holds as stated: with W_Q = W_K = 0 (uniform attention over the visible keys)
-``κ(J) = κ(P X) ≤ κ(P)·κ(X)`` when P is square and invertible (causal) and X has full row rank.
-
-**``upper_bound``: a proven upper bound** (:func:`jacobian_upper_bound`), valid whenever the stacked P X has full
-row rank (T ≤ D and σ_min(PX) > 0: the default probes of 2 × 16 tokens on models at least 32 wide), ``nan``
-otherwise. Since ``G_QK ⪰ 0``, ``λ_min(G) ≥ λ_min(G_V) = σ_min(PX)²``; and ``λ_max(G) ≤ ‖J_QK‖_F² + σ_max(PX)²``.
-Hence::
-
-    κ(J) ≤ sqrt(κ(PX)² + ‖J_QK‖_F² / σ_min(PX)²),
-    ‖J_QK‖_F² = s² Σ_t (|x_t|² ‖M_t‖_F² + |q_t|² ‖R_t‖_F²)        (closed form of :mod:`.jacobian`, no J materialised)
-
-It states what drives κ(J): κ(PX) (≤ κ(P) κ(X), the surrogate's second term) and the ratio of the Q/K part to
-σ_min(PX). Checked against an autograd Jacobian in ``tests/test_kappa_display.py``, including cases where κ(J)
-exceeds the surrogate. (Also proven and tested: ``λ_min(G) ≥ σ_min(P X)²``, this is why σ_min(PX) governs κ under
-a causal mask.)
+- ``κ(J) = sqrt(λ_max / λ_min⁺)`` over the eigenvalues of G, ``λ_min⁺`` the smallest one ``> rtol · λ_max``
+  (``method="eig"``, ``rtol = 1e-12``: resolves κ up to ~1e6), or ``σ_max / σ_min⁺`` over the singular values of the
+  explicit J (``method="svd"``, tolerance ``(max(m, n)·eps)²`` on the λ scale: up to ~1e12, J in memory). With
+  ``refine=True`` a saturated eig result is redone by SVD when J has at most ``SVD_REFINE_MAX_ELEMENTS`` entries.
+- *saturated*: more eigenvalues under the tolerance than J's a-priori rank deficit ``n_structural``; κ is then the
+  condition number of J's resolvable part, a **lower bound** (``HeadCondition.kappa_is_lower_bound``).
+- beside κ, each ``σ_max / σ_min⁺`` (``σ_min⁺ > max(shape)·eps·σ_max``): ``kappa_x`` (stacked valid tokens X),
+  ``kappa_px`` (P X), ``kappa_p`` (P, block-diagonal over sequences), ``kappa_lambda`` (``blockdiag_t Λ(p_t)``),
+  ``kappa_wq`` / ``kappa_wk`` / ``kappa_wv`` (the (D, d) weights);
+- ``bound``: the papers' surrogate ``kappa_x**3 · kappa_lambda · kappa_wv · (kappa_wq + kappa_wk) + kappa_x ·
+  kappa_p``, **not** an upper bound of κ(J);
+- ``upper_bound`` (:func:`jacobian_upper_bound`): ``sqrt(κ(PX)² + ‖J_QK‖_F² / σ_min(PX)²)``, proven when the stacked
+  P X has full row rank, ``nan`` otherwise.
 """
 
 from __future__ import annotations
