@@ -71,7 +71,7 @@ def test_vision_study_block_at_every_stage(tmp_path, monkeypatch, capsys):
     is default's + log10(3e-3 / 1e-2)² − 0.05)."""
     import math
 
-    from hf_condinit.scripts.errors import run_main
+    from hf_condinit.commands import run_main
     from hf_condinit.study.cli import main
 
     folder = tmp_path / "study"

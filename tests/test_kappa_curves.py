@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from hf_condinit import attention_jacobian_condition_number
-from hf_condinit.scripts.errors import run_main
+from hf_condinit.commands import run_main
 from hf_condinit.study.cli import main as study_main
 
 from utils import REPO

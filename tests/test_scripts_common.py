@@ -269,7 +269,7 @@ def test_non_finite_callback_reads_every_loss_key():
 
 
 def test_resume_of_tied_weights_is_quiet(tmp_path):
-    """resuming GPT-2 warned "missing keys ['lm_head.weight']" (tied to wte; saved once)."""
+    """resuming GPT-2 warned "missing keys ['lm_head.weight']" (tied to wte; saved once); a real gap is refused."""
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging as hf_logging
 
@@ -282,10 +282,11 @@ def test_resume_of_tied_weights_is_quiet(tmp_path):
     try:
         with CaptureLogger(hf_logging.get_logger("transformers.trainer")) as captured:
             trainer._issue_warnings_after_load(result)
-            trainer._issue_warnings_after_load(result._replace(missing_keys=["transformer.wpe.weight"]))
     finally:
         hf_logging.set_verbosity_error()
-    assert "lm_head" not in captured.out and "transformer.wpe.weight" in captured.out  # a real gap still warns
+    assert "lm_head" not in captured.out
+    with pytest.raises(UsageError, match=r"holds no weights for 1 parameters of this model \(transformer.wpe.weight\)"):
+        trainer._issue_warnings_after_load(result._replace(missing_keys=["transformer.wpe.weight"]))
     assert trainer.model.lm_head.weight is trainer.model.transformer.wte.weight
 
 

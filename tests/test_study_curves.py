@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hf_condinit.scripts.errors import run_main
+from hf_condinit.commands import run_main
 from hf_condinit.scripts.lifecycle import run_finished
 from hf_condinit.study.cli import main
 from hf_condinit.study.plan import Plan
