@@ -24,7 +24,8 @@ def _default(model_type):
     return AutoConfig.for_model(model_type)
 
 
-@pytest.mark.parametrize("model_type", ["xlnet", "bamba", "granitemoehybrid", "falcon_h1", "kolibri1_1", "neomme"])
+@pytest.mark.parametrize("model_type", ["xlnet", "bamba", "granitemoehybrid", "falcon_h1", "kolibri1_1", "neomme",
+                                        "dory", "zamba", "zamba2"])
 def test_the_miniature_passes_the_configs_own_validators(model_type):
     config = _default(model_type)
     small = shrink_config(config)  # from_dict runs the config class's validators
@@ -40,6 +41,41 @@ def test_dependent_sizes_are_derived_from_the_shrunk_ones():
     falcon_h1 = _default("falcon_h1")
     small = shrink_config(falcon_h1)
     assert small.mamba_d_ssm < falcon_h1.mamba_d_ssm and small.mamba_n_heads * small.mamba_d_head == small.mamba_d_ssm
+
+
+def test_sizes_computed_once_from_the_width_and_doubled_layer_lists_are_kept_consistent():
+    """Zamba2 stores the sizes its config computes from the width (the shared attention reads ``[h; embeddings]``,
+    2·D wide); Dory's dict lists each layer as attention then ``"mlp"`` with doubled section counts; Zamba ties its
+    shared block across its hybrid layers, so the miniature keeps two of them. Each model builds."""
+    from transformers import AutoModel
+
+    zamba2 = shrink_config(_default("zamba2"))
+    assert zamba2.attention_hidden_size == 2 * zamba2.hidden_size
+    assert zamba2.attention_head_dim == zamba2.attention_hidden_size // zamba2.num_attention_heads
+    assert zamba2.mamba_headdim == zamba2.mamba_expand * zamba2.hidden_size // zamba2.n_mamba_heads
+    dory = shrink_config(_default("dory"))
+    assert dory.num_hidden_layers == LAYERS == dory.n_input_layers + dory.n_recurrent_layers + dory.n_output_layers
+    assert dory.layer_types == ["sliding_attention", "full_attention"]  # the first layer and one of the other kind
+    zamba = shrink_config(_default("zamba"))
+    assert zamba.layers_block_type == ["hybrid", "hybrid"]
+    for small in (zamba2, dory, zamba):
+        AutoModel.from_config(small)
+
+
+@pytest.mark.parametrize("model_type", ["esmc", "neomme", "dory", "zamba", "zamba2"])
+def test_attention_without_per_head_parts_is_refused_with_the_architectures_reason(model_type, monkeypatch):
+    """Refused up front with the reason; without that entry, every candidate layout fails the proof on the
+    miniature (the reason describes the architecture, which the proof confirms)."""
+    from hf_condinit.layouts import LayoutError, detect
+
+    small = shrink_config(_default(model_type))
+    auto = auto_class(small)
+    with pytest.raises(LayoutError, match="no per-head W_Q / W_K / W_V / W_O to write"):
+        auto.from_config(small, condinit=True)
+    monkeypatch.delitem(detect.NO_PER_HEAD, model_type)
+    monkeypatch.setattr(detect, "_CACHE", {})
+    with pytest.raises(LayoutError, match="could not prove any attention layout|found no attention projections"):
+        auto.from_config(small, condinit=True)
 
 
 def test_layer_indices_follow_the_kept_layers():
@@ -100,12 +136,16 @@ def test_gated_attention_layout_reads_query_and_gate_from_the_models_forward(mod
 # hybrids: softmax attention among linear-attention (Gated DeltaNet), state-space (Mamba) or convolution mixers; a
 # config that places attention layers explicitly where the default places none
 HYBRIDS = {"olmo_hybrid": {}, "jamba": {}, "lfm3": {}, "bamba": {"attn_layer_indices": [3, 9]},
-           "granitemoehybrid": {"layer_types": ["mamba"] * 3 + ["attention"] + ["mamba"] * 28}}
+           "granitemoehybrid": {"layer_types": ["mamba"] * 3 + ["attention"] + ["mamba"] * 28},
+           # gated attention with a QSA token indexer among Gated DeltaNet layers; the default config leaves the
+           # indexer's sizes unset, which transformers does not build
+           "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 256,
+                              "indexer_budget": 8, "indexer_compress_ratio": 4}}
 
 
 def _attention_layers(config):
     kinds = getattr(config, "layer_types", None) or config.layers_block_type
-    return sum(kind not in ("linear_attention", "mamba", "conv") for kind in kinds)
+    return sum(kind not in ("linear_attention", "mamba", "conv", "mlp") for kind in kinds)
 
 
 @pytest.mark.parametrize("model_type, overrides", [(t, {}) for t in GATED] + list(HYBRIDS.items()),

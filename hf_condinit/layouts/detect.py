@@ -4,8 +4,8 @@
 ``model_type``, else `detected_layout(model)`, which (an unexpected error becomes a `LayoutError` naming the type):
 
 1. refuses what has no per-head W_Q/W_K/W_V to condition, saying why: multi-head latent attention (MLA: a
-   ``kv_lora_rank`` / ``q_lora_rank`` in the config, DeepSeek-V2/V3, MiniCPM3) and models without softmax
-   attention (state-space, recurrent and convolutional mixers);
+   ``kv_lora_rank`` / ``q_lora_rank`` in the config, DeepSeek-V2/V3, MiniCPM3), models without softmax
+   attention (state-space, recurrent and convolutional mixers) and the attention of `NO_PER_HEAD`'s types;
 2. builds a miniature of the same model class (`miniature.build_miniature`: a 2-layer, 64-wide copy of its config);
 3. lists candidate layouts from the names of the attention modules' children (`SEPARATE_NAMES`, `FUSED_NAMES`,
    `OUTPUT_NAMES`; for fused projections every ordering of `hf_condinit.layouts.fused`; after each separate
@@ -37,7 +37,7 @@ from .proof import LayoutProof, prove_layout, record_attention, register_proof_i
 from .proof import PROOF_IMPLEMENTATION, using_attn_implementation
 from .separate import GATE_ORDERS, GatedQuerySeparateLayout, SeparateQKVLayout, storage_of
 
-__all__ = ["get_layout", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout",
+__all__ = ["get_layout", "NO_PER_HEAD", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout",
            "refusal_reason", "REGISTER_HINT", "proof_refusal", "installed_route_refusal", "variant_trial_refusal",
            "init_trial_refusal", "base_model_class"]
 
@@ -64,6 +64,25 @@ NO_SOFTMAX = {
     "xlstm": "an xLSTM recurrent mixer", "recurrent_gemma": "RG-LRU recurrent blocks with local attention",
 }
 
+#: Types with softmax attention whose heads the layouts cannot isolate, and why (each is checked in the tests to
+#: fail the layout proof without this entry, so a reason never outlives the architecture it describes).
+NO_PER_HEAD = {
+    "esmc": "its query and key LayerNorms normalise all heads together (over H·d, mean subtracted), so each head's "
+            "query and key depend on every head's projection: W_Q and W_K have no per-head block that reaches the "
+            "attention alone",
+    "neomme": "a head's output reaches W_O after exclusive self-attention (its component along the head's value "
+              "removed) and a sigmoid gate from a separate projection (output_projection.gate_proj), so W_O's block "
+              "h does not read head h's attention output",
+    "dory": "the heads' gated outputs are L2-normalised together over H·d (nGPT's attn_sub_norm) before W_O, so W_O's "
+            "block h does not read head h's attention output alone",
+    "zamba": "its attention is one transformer block shared (tied) by every hybrid layer, whose q/k/v read "
+             "[h; embeddings] (2·D wide) while W_O writes D; the layouts here take W_O to write the width q/k/v read "
+             "(mimetic's V·O target is one square D×D matrix)",
+    "zamba2": "its attention is one transformer block shared by the hybrid layers, whose q/k/v read [h; embeddings] "
+              "(2·D wide) while W_O writes D; the layouts here take W_O to write the width q/k/v read (mimetic's V·O "
+              "target is one square D×D matrix)",
+}
+
 # layer kinds of hybrid configs (``layer_types`` / ``layers_block_type``) that hold no softmax attention
 NON_SOFTMAX_LAYERS = ("linear_attention", "mamba", "conv", "mlp")
 
@@ -73,10 +92,16 @@ def refusal_reason(config) -> str | None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(config, "model_type", None)
     if any(getattr(c, "kv_lora_rank", None) or getattr(c, "q_lora_rank", None) for c in (config, text)):
-        return (f"{model_type} uses multi-head latent attention (MLA): keys and values are up-projected from a "
-                "shared low-rank latent (kv_lora_rank), so there are no per-head W_K/W_V matrices to condition")
+        return (f"{model_type} uses multi-head latent attention (MLA), for which the papers define no conditioned or "
+                "mimetic init: a head's query and key read different normalised low-rank latents (q_lora_rank, "
+                "kv_lora_rank) and share one RoPE key, so orthogonal up-projections leave κ of the per-head maps "
+                "from X set by the shared random down-projections, a value identity cannot give H·v_head_dim "
+                "coordinates from a kv_lora_rank-wide latent, and mimetic's W_Q·W_Kᵀ ≈ αZ + βI needs queries and "
+                "keys in one space (docs/methods.md, \"Multi-head latent attention\")")
     if model_type in NO_SOFTMAX:
         return f"{model_type} has no softmax attention to condition: its token mixer is {NO_SOFTMAX[model_type]}"
+    if model_type in NO_PER_HEAD:
+        return f"{model_type}'s attention has no per-head W_Q / W_K / W_V / W_O to write: {NO_PER_HEAD[model_type]}"
     kinds = next((k for k in (getattr(text, "layer_types", None), getattr(text, "layers_block_type", None))
                   if isinstance(k, (list, tuple)) and k), None)
     n_layers = getattr(text, "num_hidden_layers", None)

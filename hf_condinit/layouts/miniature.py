@@ -6,7 +6,7 @@ by the coverage table (`hf_condinit.coverage`). What changes (in the config and 
 - first, per-layer lists are fitted to the config's own layer count, as its model reads them (`_fit_layer_lists`: a
   config shrunk by attribute keeps its full-length ``layer_types``), so the miniature is built from what the user's
   model is, not refused by a validator;
-- layers → 2 (a per-layer list such as ``layer_types`` keeps its first entry and the first entry of another kind,
+- layers → 2 (Dory's dict, which lists each layer as its attention then ``"mlp"``, keeps 4 entries; a per-layer list such as ``layer_types`` keeps its first entry and the first entry of another kind,
   so sliding/global and dense/linear mixes stay mixed); what names layers follows them (`_renumber_layers`): lists
   of layer indices (``index_layers``, ``kv_source_layers``) and dicts keyed by layer index (``per_layer_config``)
   keep the kept layers, renumbered, and counts that split the layers into sections (``n_input_layers`` +
@@ -57,6 +57,7 @@ _ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls
 
 LAYERS, WIDTH, HEADS, HEAD_DIM, FFN, EXPERTS, TOPK, VOCAB, WINDOW, IMAGE = 2, 64, 4, 16, 128, 4, 2, 512, 4, 32
 SSM_STATE = 16  # a Mamba mixer's state size
+_SHARED_KINDS = ("hybrid",)  # layer kinds that share one tied block (Zamba, Zamba2)
 
 
 def _is_int(v) -> bool:
@@ -64,8 +65,13 @@ def _is_int(v) -> bool:
 
 
 def _layer_pick(n_layers: int, types: list | None) -> list[int]:
-    """Indices of the layers kept: the first, and the first of another kind when ``types`` mixes kinds."""
+    """Indices of the layers kept: the first, and the first of another kind when ``types`` mixes kinds; the first
+    two of a kind whose layers share one tied block (`_SHARED_KINDS`: Zamba's ``"hybrid"`` layers each hold a Mamba
+    mixer and the one shared transformer block)."""
     if types and len(types) == n_layers:
+        shared = [i for i, t in enumerate(types) if t in _SHARED_KINDS]
+        if len(shared) >= LAYERS:  # transformers ties the shared block across layers: it needs two of them
+            return shared[:LAYERS]
         other = next((i for i, t in enumerate(types) if t != types[0]), None)
         if other is not None:
             return [0, other]
@@ -112,15 +118,18 @@ def _shrink_dict(d: dict) -> dict:
     d = _fit_layer_lists(dict(d))
     original = dict(d)
     n_layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > 0), None)
-    if n_layers is not None and n_layers > LAYERS:
-        keep = _layer_pick(n_layers, _layer_kinds(d, n_layers))
+    unit = 2 if _mlp_paired(d, n_layers) else 1
+    if n_layers is not None and n_layers > LAYERS * unit:
+        kinds = _layer_kinds(d, n_layers)
+        keep = [unit * i + j for i in _layer_pick(n_layers // unit, kinds[::unit] if kinds else None)
+                for j in range(unit)]
         for key, value in list(d.items()):
             if isinstance(value, list) and len(value) == n_layers:
                 d[key] = [value[i] for i in keep]
-        _renumber_layers(d, n_layers, keep)
+        _renumber_layers(d, n_layers, keep, unit)
         for key in _LAYER_KEYS:
-            if _is_int(d.get(key)) and d[key] > LAYERS:
-                d[key] = LAYERS
+            if _is_int(d.get(key)) and d[key] > LAYERS * unit:
+                d[key] = LAYERS * unit
     heads = next((d[k] for k in _HEAD_KEYS if _is_int(d.get(k))), None)
     for key in _WIDTH_KEYS:
         if _is_int(d.get(key)) and d[key] > WIDTH:
@@ -173,12 +182,21 @@ def _shrink_dict(d: dict) -> dict:
     return d
 
 
-def _renumber_layers(d: dict, n_layers: int, keep: list[int]) -> None:
+def _mlp_paired(d: dict, n_layers: int | None) -> bool:
+    """Whether ``d`` lists each layer as two entries, its attention and then ``"mlp"`` (Dory's serialised
+    ``layer_types``, whose counts are doubled: its config halves them when read back)."""
+    kinds = d.get("layer_types")
+    return isinstance(kinds, list) and len(kinds) == n_layers and n_layers % 2 == 0 \
+        and all(k == "mlp" for k in kinds[1::2]) and "mlp" not in kinds[::2]
+
+
+def _renumber_layers(d: dict, n_layers: int, keep: list[int], unit: int = 1) -> None:
     """In place: what names layers of ``d`` (``n_layers`` layers) follows the layers ``keep`` (old indices, in
     order), renumbered 0, 1, …: lists of layer indices (`_RENUMBERED_SUFFIXES`, after per-layer lists were picked)
     lose the dropped layers, dicts keyed by layer index (`_PER_LAYER_DICT_KEYS`) keep the kept layers' entries, and
     int counts named ``n_*_layers`` / ``num_*_layers`` that sum to ``n_layers`` (sections of the stack) are rescaled
-    to sum to ``len(keep)`` (largest remainders, ties to the first)."""
+    to sum to ``len(keep)`` (largest remainders, ties to the first) in multiples of ``unit`` (2 where each layer
+    is listed twice, `_mlp_paired`)."""
     new = {old: j for j, old in enumerate(keep)}
     for key, value in list(d.items()):
         if key.endswith(_RENUMBERED_SUFFIXES) and isinstance(value, list) and all(_is_int(i) for i in value):
@@ -192,11 +210,11 @@ def _renumber_layers(d: dict, n_layers: int, keep: list[int]) -> None:
     sections = [k for k, v in d.items() if _is_int(v) and k not in _LAYER_KEYS and k.endswith("_layers")
                 and k.startswith(("n_", "num_"))]
     if len(sections) > 1 and sum(d[k] for k in sections) == n_layers:
-        exact = {k: d[k] * len(keep) / n_layers for k in sections}
+        exact = {k: d[k] * len(keep) / n_layers / unit for k in sections}
         counts = {k: int(v) for k, v in exact.items()}
-        for k in sorted(sections, key=lambda k: counts[k] - exact[k])[:len(keep) - sum(counts.values())]:
+        for k in sorted(sections, key=lambda k: counts[k] - exact[k])[:len(keep) // unit - sum(counts.values())]:
             counts[k] += 1
-        d.update(counts)
+        d.update({k: unit * v for k, v in counts.items()})
 
 
 def _derive_dependent(d: dict, original: dict) -> None:
@@ -217,9 +235,38 @@ def _derive_dependent(d: dict, original: dict) -> None:
         d["mamba_d_head"] = inner // n
         if _is_int(d.get("mamba_d_state")):
             d["mamba_d_state"] = min(d["mamba_d_state"], SSM_STATE)
+    _derive_concatenated_attention(d, original, width, heads)
     kv = next((d[k] for k in _KV_KEYS if _is_int(d.get(k)) and d[k] > 0), heads)
     if _is_int(d.get("index_num_heads")) and heads and kv:  # Kolibri's indexer reads one key/value head's queries
         d["index_num_heads"] = max(1, min(d["index_num_heads"], heads // kv))
+
+
+def _derive_concatenated_attention(d: dict, original: dict, width: int | None, heads: int | None) -> None:
+    """In place: Zamba's and Zamba2's sizes that their configs compute from the width once (``__post_init__``) and
+    store, so that a dict read back keeps the stale ones: the shared attention's input ``attention_hidden_size`` =
+    2 × width (it reads ``[h; embeddings]``), ``attention_head_dim`` = that / heads, a Mamba head's
+    ``mamba_headdim`` = ``mamba_expand`` × width / ``n_mamba_heads``, ``kv_channels`` = width / heads,
+    ``num_query_groups`` = heads and ``mamba_dt_rank`` = ⌈width / 16⌉, each derived where the original config holds
+    that relation."""
+    old_width = next((original[k] for k in _WIDTH_KEYS if _is_int(original.get(k))), None)
+    old_heads = next((original[k] for k in _HEAD_KEYS if _is_int(original.get(k))), None)
+    if not (width and heads and old_width and old_heads):
+        return
+    if _is_int(d.get("attention_hidden_size")) and original["attention_hidden_size"] == 2 * old_width:
+        d["attention_hidden_size"] = 2 * width
+        if _is_int(original.get("attention_head_dim")) \
+                and original["attention_head_dim"] == 2 * old_width // old_heads:
+            d["attention_head_dim"] = 2 * width // heads
+    expand, mamba_heads = d.get("mamba_expand"), d.get("n_mamba_heads")
+    if _is_int(d.get("mamba_headdim")) and _is_int(mamba_heads) and isinstance(expand, (int, float)) \
+            and original["mamba_headdim"] == int(expand * old_width) // mamba_heads:
+        d["mamba_headdim"] = int(expand * width) // mamba_heads
+    if _is_int(d.get("kv_channels")) and original["kv_channels"] == old_width // old_heads:
+        d["kv_channels"] = width // heads
+    if _is_int(d.get("num_query_groups")) and original["num_query_groups"] == old_heads:
+        d["num_query_groups"] = heads
+    if _is_int(d.get("mamba_dt_rank")) and original["mamba_dt_rank"] == -(-old_width // 16):
+        d["mamba_dt_rank"] = -(-width // 16)
 
 
 def _rescaled(sections: list[int], total: int) -> list[int]:
