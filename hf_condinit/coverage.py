@@ -237,6 +237,7 @@ def cover(model_type: str) -> Row:
         if inputs is None:
             row.reason = f"no input recipe for main input {mini.main_input_name!r}"
             return row
+        row.kinds = attention_kinds(config)
         reason = detect.refusal_reason(config)
         if reason:
             row.status, row.reason = "refused", reason
@@ -255,6 +256,7 @@ def cover(model_type: str) -> Row:
             row.status, row.reason = "refused", short_reason(err, 400)
             return row
         row.layout, row.via = layout.name, proof.via
+        row.kinds = attention_kinds(config, layout)
         del mini
         for method in INITS:
             try:
@@ -292,6 +294,38 @@ def cover(model_type: str) -> Row:
     finally:
         row.seconds = time.perf_counter() - start
     return row
+
+
+def attention_kinds(config, layout=None) -> list[str]:
+    """The kinds of ``config``'s token mixers (`hf_condinit.coverage_report.KINDS`), ``layout`` its proved layout
+    (None: not proved). "MLA": a ``kv_lora_rank`` / ``q_lora_rank``; "non-attention": a type without softmax
+    attention (`detect.NO_SOFTMAX`); "hybrid": layer kinds (``layer_types``, ``layers_block_type``, attention
+    placed by index or period) that include a non-softmax mixer, or Mamba / linear-attention sizes (``mamba_*``,
+    ``linear_num_*``, ``ssm_*``) beside the attention; "gated": a gated-query layout; "dense": a proved layout and
+    none of these."""
+    from .layouts import detect
+    from .layouts.miniature import layer_kinds
+    from .layouts.separate import GatedQuerySeparateLayout
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if any(getattr(c, "kv_lora_rank", None) or getattr(c, "q_lora_rank", None) for c in (config, text)):
+        return ["MLA"]
+    if config.model_type in detect.NO_SOFTMAX:
+        return ["non-attention"]
+    d = text.to_dict()
+    n_layers = next((v for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(v := d.get(k), int)), 0)
+    placement = ("layer_types", "layers_block_type", "attn_layer_indices", "attn_layer_period", "attn_layer_offset")
+    layers = layer_kinds({k: getattr(text, k, None) for k in placement},  # as the model reads them (Dory's dict
+                         getattr(text, "num_hidden_layers", n_layers)) or []  # pairs each layer with "mlp")
+    kinds = []
+    if any(k in detect.NON_SOFTMAX_LAYERS or k == "other" for k in layers) or any(
+            k.startswith(("mamba_", "linear_num_", "ssm_")) and isinstance(v, int) for k, v in d.items()):
+        kinds.append("hybrid")
+    if isinstance(layout, GatedQuerySeparateLayout):
+        kinds.append("gated")
+    if layout is not None and not kinds:
+        kinds.append("dense")
+    return kinds
 
 
 def all_model_types() -> list[str]:

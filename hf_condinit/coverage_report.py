@@ -41,6 +41,12 @@ class Row:
     variants: dict[str, str] = field(default_factory=dict)
     reason: str = ""
     seconds: float = 0.0
+    kinds: list[str] = field(default_factory=list)
+
+
+#: The families summary's kinds (`Row.kinds`, set by `hf_condinit.coverage.attention_kinds`): a type counts in
+#: each kind it has (Qwen3.5: hybrid and gated); "dense" is a proved softmax layout with none of the others.
+KINDS = ("dense", "hybrid", "gated", "MLA", "non-attention")
 
 
 def short_reason(err: BaseException | str, n: int = 240) -> str:
@@ -94,6 +100,8 @@ def to_markdown(rows: list[Row], seconds: float | None = None, command: str | No
         "- attention variants ok: " + ", ".join(f"{v} {c[v]}" for v in VARIANTS),
         SCRIPTS_NOTE,
         "",
+        *families_summary(rows),
+        "",
         "| model type | class | layout | via | conditioned | mimetic | " + " | ".join(VARIANTS) + " | why not |",
         "|---|---|---|---|---|---|" + "---|" * len(VARIANTS) + "---|",
     ]
@@ -114,6 +122,26 @@ def to_markdown(rows: list[Row], seconds: float | None = None, command: str | No
         lines += ["", "## Not built (not counted)", "", "| model type | reason |", "|---|---|"]
         lines += [f"| {r.model_type} | {short_reason(r.reason, 200)} |" for r in skipped]
     return "\n".join(lines) + "\n"
+
+
+def families_summary(rows: list[Row]) -> list[str]:
+    """The "families" lines: per kind (`KINDS`), the built types of that kind and how many take both inits."""
+    built = [r for r in rows if r.status != "not built"]
+    lines = ["Families (built types per kind of token mixer, a type in each kind it has; supported = both inits):", "",
+             "| kind | types | supported | what it is |", "|---|---|---|---|"]
+    what = {"dense": "softmax attention in every layer, a proved layout of none of the kinds below",
+            "hybrid": "softmax-attention layers among linear-attention, state-space or convolution mixers "
+                      "(layer kinds in the config, or Mamba / linear-attention sizes)",
+            "gated": "a query projection that also computes a per-head output gate (proved)",
+            "MLA": "multi-head latent attention (kv_lora_rank / q_lora_rank): refused by design",
+            "non-attention": "no softmax attention at all (state-space, recurrent): refused by design"}
+    for kind in KINDS:
+        of_kind = [r for r in built if kind in r.kinds]
+        lines.append(f"| {kind} | {len(of_kind)} | {sum(r.status == 'supported' for r in of_kind)} | {what[kind]} |")
+    unproved = [r for r in built if not r.kinds]
+    lines.append(f"| no proved layout | {len(unproved)} | 0 | candidate layouts all failed the proof, or none found, "
+                 "or refused with the architecture's reason |")
+    return lines
 
 
 #: The markers of README's generated coverage block (the convention of ``benchmarks/findings.py``'s blocks).

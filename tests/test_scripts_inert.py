@@ -30,12 +30,12 @@ run_mlm = load_script("run_mlm.py")
 
 SEED = 3
 #: model type -> --config_overrides of a tiny model. Mamba and RWKV: no softmax attention (state-space / linear
-#: recurrent mixers); CTRL: no attention projection hf_condinit recognises; FNet: Fourier token mixing; ConvBERT:
-#: attention whose layout hf_condinit cannot prove.
+#: recurrent mixers); DiffLlama: differential attention (two softmax maps per head, subtracted), whose layout
+#: hf_condinit cannot prove; FNet: Fourier token mixing; ConvBERT: attention whose layout hf_condinit cannot prove.
 CLM_TYPES = {
     "mamba": "num_hidden_layers=2,hidden_size=32,state_size=4,intermediate_size=64",
     "rwkv": "num_hidden_layers=2,hidden_size=32,attention_hidden_size=32,intermediate_size=64,context_length=64",
-    "ctrl": "n_layer=2,n_embd=32,n_head=2,dff=64,n_positions=64",
+    "diffllama": "num_hidden_layers=2,hidden_size=32,num_attention_heads=2,num_key_value_heads=2,intermediate_size=64",
 }
 MLM_TYPES = {
     "fnet": "num_hidden_layers=2,hidden_size=32,intermediate_size=64",

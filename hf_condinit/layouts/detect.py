@@ -44,11 +44,13 @@ __all__ = ["get_layout", "NO_PER_HEAD", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT
 SEPARATE_NAMES = (
     ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"),
     ("query_proj", "key_proj", "value_proj"), ("q", "k", "v"), ("wq", "wk", "wv"), ("to_q", "to_k", "to_v"),
-    ("q_linear", "k_linear", "v_linear"), ("linear_q", "linear_k", "linear_v"),
+    ("q_linear", "k_linear", "v_linear"), ("linear_q", "linear_k", "linear_v"), ("Wq", "Wk", "Wv"),
+    ("q_proj.linear", "k_proj.linear", "v_proj.linear"),
+    ("q_gate_proj", "k_proj", "v_proj"),
 )
 FUSED_NAMES = ("qkv_proj", "Wqkv", "query_key_value", "c_attn", "W_pack", "qkv", "in_proj", "qkv_linear", "wqkv")
 OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin", "o", "wo", "Wo", "proj", "out", "output.dense",
-                "to_out.0", "o_linear", "out_linear", "linear_out", "output")
+                "to_out.0", "o_linear", "out_linear", "linear_out", "output", "o_proj.linear")
 # ordering, order, chunks of `FusedQKVLayout`, in the order they are tried
 FUSED_ORDERINGS = (("concat", "qkv", 1), ("grouped", "qkv", 1), ("concat", "qvk", 4), ("concat", "qkv", 4))
 
@@ -92,12 +94,12 @@ def refusal_reason(config) -> str | None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(config, "model_type", None)
     if any(getattr(c, "kv_lora_rank", None) or getattr(c, "q_lora_rank", None) for c in (config, text)):
-        return (f"{model_type} uses multi-head latent attention (MLA), for which the papers define no conditioned or "
-                "mimetic init: a head's query and key read different normalised low-rank latents (q_lora_rank, "
-                "kv_lora_rank) and share one RoPE key, so orthogonal up-projections leave κ of the per-head maps "
-                "from X set by the shared random down-projections, a value identity cannot give H·v_head_dim "
-                "coordinates from a kv_lora_rank-wide latent, and mimetic's W_Q·W_Kᵀ ≈ αZ + βI needs queries and "
-                "keys in one space (docs/methods.md, \"Multi-head latent attention\")")
+        return (f"{model_type} uses multi-head latent attention (MLA), where the papers' per-head W_Q, W_K, W_V "
+                "from X do not exist: a head's query and key are products through different normalised low-rank "
+                "latents (q_lora_rank, kv_lora_rank) with one RoPE key shared by all heads, so orthogonal "
+                "up-projections alone leave κ of those products set by the shared down-projections, and mimetic's "
+                "W_Q·W_Kᵀ ≈ αZ + βI has no common space for queries and keys (docs/methods.md, \"Multi-head latent "
+                "attention\")")
     if model_type in NO_SOFTMAX:
         return f"{model_type} has no softmax attention to condition: its token mixer is {NO_SOFTMAX[model_type]}"
     if model_type in NO_PER_HEAD:

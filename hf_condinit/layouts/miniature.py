@@ -33,7 +33,7 @@ import inspect
 
 import torch
 
-__all__ = ["shrink_config", "shrink_by_attribute", "miniature_inputs", "build_miniature"]
+__all__ = ["shrink_config", "shrink_by_attribute", "miniature_inputs", "build_miniature", "layer_kinds"]
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
                "num_decoder_layers", "num_encoder_layers")
@@ -57,28 +57,27 @@ _ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls
 
 LAYERS, WIDTH, HEADS, HEAD_DIM, FFN, EXPERTS, TOPK, VOCAB, WINDOW, IMAGE = 2, 64, 4, 16, 128, 4, 2, 512, 4, 32
 SSM_STATE = 16  # a Mamba mixer's state size
-_SHARED_KINDS = ("hybrid",)  # layer kinds that share one tied block (Zamba, Zamba2)
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _layer_pick(n_layers: int, types: list | None) -> list[int]:
-    """Indices of the layers kept: the first, and the first of another kind when ``types`` mixes kinds; the first
-    two of a kind whose layers share one tied block (`_SHARED_KINDS`: Zamba's ``"hybrid"`` layers each hold a Mamba
-    mixer and the one shared transformer block)."""
+def _layer_pick(n_layers: int, types: list | None, shared: bool = False) -> list[int]:
+    """Indices of the layers kept: the first, and the first of another kind when ``types`` mixes kinds; with
+    ``shared`` (Zamba's ``layers_block_type``, whose ``"hybrid"`` layers each hold a Mamba mixer and the one
+    transformer block they share), the first two hybrid layers, since transformers ties that block across layers."""
     if types and len(types) == n_layers:
-        shared = [i for i, t in enumerate(types) if t in _SHARED_KINDS]
-        if len(shared) >= LAYERS:  # transformers ties the shared block across layers: it needs two of them
-            return shared[:LAYERS]
+        hybrid = [i for i, t in enumerate(types) if t == "hybrid"]
+        if shared and len(hybrid) >= LAYERS:
+            return hybrid[:LAYERS]
         other = next((i for i, t in enumerate(types) if t != types[0]), None)
         if other is not None:
             return [0, other]
     return list(range(min(LAYERS, n_layers)))
 
 
-def _layer_kinds(d: dict, n_layers: int) -> list | None:
+def layer_kinds(d: dict, n_layers: int) -> list | None:
     """Each layer's kind, as the config says it: ``layer_types``, else ``layers_block_type`` (Zamba), else
     attention at ``attn_layer_indices`` (Bamba) or every ``attn_layer_period`` layers from ``attn_layer_offset``
     (Jamba); None when it does not say."""
@@ -120,8 +119,9 @@ def _shrink_dict(d: dict) -> dict:
     n_layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > 0), None)
     unit = 2 if _mlp_paired(d, n_layers) else 1
     if n_layers is not None and n_layers > LAYERS * unit:
-        kinds = _layer_kinds(d, n_layers)
-        keep = [unit * i + j for i in _layer_pick(n_layers // unit, kinds[::unit] if kinds else None)
+        kinds = layer_kinds(d, n_layers)
+        keep = [unit * i + j for i in _layer_pick(n_layers // unit, kinds[::unit] if kinds else None,
+                                                  shared=isinstance(d.get("layers_block_type"), list))
                 for j in range(unit)]
         for key, value in list(d.items()):
             if isinstance(value, list) and len(value) == n_layers:
@@ -246,8 +246,7 @@ def _derive_concatenated_attention(d: dict, original: dict, width: int | None, h
     store, so that a dict read back keeps the stale ones: the shared attention's input ``attention_hidden_size`` =
     2 × width (it reads ``[h; embeddings]``), ``attention_head_dim`` = that / heads, a Mamba head's
     ``mamba_headdim`` = ``mamba_expand`` × width / ``n_mamba_heads``, ``kv_channels`` = width / heads,
-    ``num_query_groups`` = heads and ``mamba_dt_rank`` = ⌈width / 16⌉, each derived where the original config holds
-    that relation."""
+    ``num_query_groups`` = heads, each derived where the original config holds that relation."""
     old_width = next((original[k] for k in _WIDTH_KEYS if _is_int(original.get(k))), None)
     old_heads = next((original[k] for k in _HEAD_KEYS if _is_int(original.get(k))), None)
     if not (width and heads and old_width and old_heads):
@@ -265,8 +264,6 @@ def _derive_concatenated_attention(d: dict, original: dict, width: int | None, h
         d["kv_channels"] = width // heads
     if _is_int(d.get("num_query_groups")) and original["num_query_groups"] == old_heads:
         d["num_query_groups"] = heads
-    if _is_int(d.get("mamba_dt_rank")) and original["mamba_dt_rank"] == -(-old_width // 16):
-        d["mamba_dt_rank"] = -(-width // 16)
 
 
 def _rescaled(sections: list[int], total: int) -> list[int]:
