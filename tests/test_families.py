@@ -218,3 +218,45 @@ def test_configs_shrunk_by_attribute_keep_their_verdict_for_the_layers_the_model
     assert "full_attention" not in config.layer_types[:config.num_hidden_layers]
     with pytest.raises(LayoutError, match="no softmax-attention layer"):
         auto_class(config).from_config(config, condinit=True)
+
+
+def test_run_clm_conditions_a_tiny_qwen3_5s_attention_and_builds_its_gated_deltanet_as_hf_does(tmp_path):
+    """``run_clm.py --init conditioned`` on a Qwen3.5 from a ``--model_config`` file (``--config_overrides`` cannot
+    shorten ``layer_types``), at learning rate 0 so the saved weights are the built ones: the full-attention layers
+    are conditioned, and every other weight (Gated DeltaNet layers, the gate half of q_proj, MLPs, embeddings)
+    equals the ``--init default`` run's with the same seed, bit for bit."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from utils import load_script
+
+    _default("qwen3_5_text")  # skipped where the installed transformers lacks it
+    run_clm = load_script("run_clm.py")
+    config = AutoConfig.for_model(
+        "qwen3_5_text", num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"] * 2)
+    config.to_json_file(tmp_path / "qwen3_5-tiny.json")
+    runs = {}
+    for init in ("default", "conditioned"):
+        run_clm.main([
+            "--output_dir", str(tmp_path / init), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none",
+            "--cache_dir", str(tmp_path / "cache"), "--seed", "7", "--model_config", str(tmp_path / "qwen3_5-tiny.json"),
+            "--init", init, "--learning_rate", "0", "--max_steps", "1", "--synthetic_train_examples", "16",
+            "--synthetic_eval_examples", "8", "--per_device_train_batch_size", "4", "--do_train",
+        ])  # fmt: skip
+        runs[init] = load_file(tmp_path / init / "model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "conditioned", dtype=torch.float32)
+    assert model.config.layer_types == config.layer_types and model.config.condinit["method"] == "conditioned"
+    assert check_conditioned(model) == 2  # the two full-attention layers
+    written = {f"model.layers.{i}.self_attn.{p}.weight" for i in (1, 3) for p in ("q_proj", "k_proj", "v_proj")}
+    assert written <= set(runs["default"])
+    for name, tensor in runs["default"].items():
+        if name not in written:
+            assert torch.equal(tensor, runs["conditioned"][name]), name
+    for i in (1, 3):  # q_proj: per head [q_h; g_h]; the gate halves keep HF's init
+        q = f"model.layers.{i}.self_attn.q_proj.weight"
+        gates = [runs[init][q].view(4, 2, 16, 64)[:, 1] for init in runs]
+        queries = [runs[init][q].view(4, 2, 16, 64)[:, 0] for init in runs]
+        assert torch.equal(*gates) and not torch.equal(*queries)
+    assert any(".linear_attn." in name for name in runs["default"])  # the Gated DeltaNet layers were compared

@@ -95,11 +95,11 @@ def refusal_reason(config) -> str | None:
     model_type = getattr(config, "model_type", None)
     if any(getattr(c, "kv_lora_rank", None) or getattr(c, "q_lora_rank", None) for c in (config, text)):
         return (f"{model_type} uses multi-head latent attention (MLA), where the papers' per-head W_Q, W_K, W_V "
-                "from X do not exist: a head's query and key are products through different normalised low-rank "
-                "latents (q_lora_rank, kv_lora_rank) with one RoPE key shared by all heads, so orthogonal "
-                "up-projections alone leave κ of those products set by the shared down-projections, and mimetic's "
-                "W_Q·W_Kᵀ ≈ αZ + βI has no common space for queries and keys (docs/methods.md, \"Multi-head latent "
-                "attention\")")
+                "from X do not exist: a head's query, key and value are products through normalised low-rank "
+                "latents (q_lora_rank, kv_lora_rank) shared by all heads, with one shared RoPE key, so orthogonal "
+                "up-projections alone leave κ of those products set by the shared down-projections, and "
+                "conditioning those too writes weights that no paper's method touches (docs/methods.md, "
+                "\"Multi-head latent attention\")")
     if model_type in NO_SOFTMAX:
         return f"{model_type} has no softmax attention to condition: its token mixer is {NO_SOFTMAX[model_type]}"
     if model_type in NO_PER_HEAD:
