@@ -62,17 +62,17 @@ def test_sizes_computed_once_from_the_width_and_doubled_layer_lists_are_kept_con
         AutoModel.from_config(small)
 
 
-@pytest.mark.parametrize("model_type", ["esmc", "neomme", "dory", "zamba", "zamba2"])
-def test_attention_without_per_head_parts_is_refused_with_the_architectures_reason(model_type, monkeypatch):
+@pytest.mark.parametrize("model_type", ["esmc", "neomme", "dory", "zamba", "zamba2", "xlnet"])
+def test_attention_no_layout_can_write_is_refused_with_the_architectures_reason(model_type, monkeypatch):
     """Refused up front with the reason; without that entry, every candidate layout fails the proof on the
-    miniature (the reason describes the architecture, which the proof confirms)."""
+    miniature, or none is found (the reason describes the architecture, which detection confirms)."""
     from hf_condinit.layouts import LayoutError, detect
 
     small = shrink_config(_default(model_type))
     auto = auto_class(small)
-    with pytest.raises(LayoutError, match="no per-head W_Q / W_K / W_V / W_O to write"):
+    with pytest.raises(LayoutError, match="not one whose heads hf_condinit's layouts can write"):
         auto.from_config(small, condinit=True)
-    monkeypatch.delitem(detect.NO_PER_HEAD, model_type)
+    monkeypatch.delitem(detect.NO_LAYOUT, model_type)
     monkeypatch.setattr(detect, "_CACHE", {})
     with pytest.raises(LayoutError, match="could not prove any attention layout|found no attention projections"):
         auto.from_config(small, condinit=True)
@@ -241,8 +241,9 @@ def test_run_clm_conditions_a_tiny_qwen3_5s_attention_and_builds_its_gated_delta
     for init in ("default", "conditioned"):
         run_clm.main([
             "--output_dir", str(tmp_path / init), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none",
-            "--cache_dir", str(tmp_path / "cache"), "--seed", "7", "--model_config", str(tmp_path / "qwen3_5-tiny.json"),
-            "--init", init, "--learning_rate", "0", "--max_steps", "1", "--synthetic_train_examples", "16",
+            "--cache_dir", str(tmp_path / "cache"), "--seed", "7",
+            "--model_config", str(tmp_path / "qwen3_5-tiny.json"), "--init", init, "--learning_rate", "0",
+            "--max_steps", "1", "--synthetic_train_examples", "16",
             "--synthetic_eval_examples", "8", "--per_device_train_batch_size", "4", "--do_train",
         ])  # fmt: skip
         runs[init] = load_file(tmp_path / init / "model.safetensors")

@@ -5,7 +5,7 @@
 
 1. refuses what has no per-head W_Q/W_K/W_V to condition, saying why: multi-head latent attention (MLA: a
    ``kv_lora_rank`` / ``q_lora_rank`` in the config, DeepSeek-V2/V3, MiniCPM3), models without softmax
-   attention (state-space, recurrent and convolutional mixers) and the attention of `NO_PER_HEAD`'s types;
+   attention (state-space, recurrent and convolutional mixers) and the attention of `NO_LAYOUT`'s types;
 2. builds a miniature of the same model class (`miniature.build_miniature`: a 2-layer, 64-wide copy of its config);
 3. lists candidate layouts from the names of the attention modules' children (`SEPARATE_NAMES`, `FUSED_NAMES`,
    `OUTPUT_NAMES`; for fused projections every ordering of `hf_condinit.layouts.fused`; after each separate
@@ -37,7 +37,8 @@ from .proof import LayoutProof, prove_layout, record_attention, register_proof_i
 from .proof import PROOF_IMPLEMENTATION, using_attn_implementation
 from .separate import GATE_ORDERS, GatedQuerySeparateLayout, SeparateQKVLayout, storage_of
 
-__all__ = ["get_layout", "NO_PER_HEAD", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout", "detect_layout",
+__all__ = ["get_layout", "NO_LAYOUT", "SEPARATE_NAMES", "FUSED_NAMES", "OUTPUT_NAMES", "detected_layout",
+           "detect_layout",
            "refusal_reason", "REGISTER_HINT", "proof_refusal", "installed_route_refusal", "variant_trial_refusal",
            "init_trial_refusal", "base_model_class"]
 
@@ -66,9 +67,12 @@ NO_SOFTMAX = {
     "xlstm": "an xLSTM recurrent mixer", "recurrent_gemma": "RG-LRU recurrent blocks with local attention",
 }
 
-#: Types with softmax attention whose heads the layouts cannot isolate, and why (each is checked in the tests to
-#: fail the layout proof without this entry, so a reason never outlives the architecture it describes).
-NO_PER_HEAD = {
+#: Types with softmax attention that no layout here can write head by head, and why (each is checked in the tests to
+#: fail detection without this entry, so a reason never outlives the architecture it describes).
+NO_LAYOUT = {
+    "xlnet": "q, k, v and o are (D, H, d) parameters of the attention module used in einsums, not linear "
+             "projections (the layouts write nn.Linear / Conv1D weights), and its two-stream scores add "
+             "relative-position and segment terms",
     "esmc": "its query and key LayerNorms normalise all heads together (over H·d, mean subtracted), so each head's "
             "query and key depend on every head's projection: W_Q and W_K have no per-head block that reaches the "
             "attention alone",
@@ -102,8 +106,9 @@ def refusal_reason(config) -> str | None:
                 "\"Multi-head latent attention\")")
     if model_type in NO_SOFTMAX:
         return f"{model_type} has no softmax attention to condition: its token mixer is {NO_SOFTMAX[model_type]}"
-    if model_type in NO_PER_HEAD:
-        return f"{model_type}'s attention has no per-head W_Q / W_K / W_V / W_O to write: {NO_PER_HEAD[model_type]}"
+    if model_type in NO_LAYOUT:
+        return (f"{model_type}'s attention is not one whose heads hf_condinit's layouts can write: "
+                f"{NO_LAYOUT[model_type]}")
     kinds = next((k for k in (getattr(text, "layer_types", None), getattr(text, "layers_block_type", None))
                   if isinstance(k, (list, tuple)) and k), None)
     n_layers = getattr(text, "num_hidden_layers", None)

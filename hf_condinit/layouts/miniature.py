@@ -6,18 +6,20 @@ by the coverage table (`hf_condinit.coverage`). What changes (in the config and 
 - first, per-layer lists are fitted to the config's own layer count, as its model reads them (`_fit_layer_lists`: a
   config shrunk by attribute keeps its full-length ``layer_types``), so the miniature is built from what the user's
   model is, not refused by a validator;
-- layers → 2 (Dory's dict, which lists each layer as its attention then ``"mlp"``, keeps 4 entries; a per-layer list such as ``layer_types`` keeps its first entry and the first entry of another kind,
-  so sliding/global and dense/linear mixes stay mixed); what names layers follows them (`_renumber_layers`): lists
-  of layer indices (``index_layers``, ``kv_source_layers``) and dicts keyed by layer index (``per_layer_config``)
-  keep the kept layers, renumbered, and counts that split the layers into sections (``n_input_layers`` +
-  ``n_recurrent_layers`` + ``n_output_layers``) are rescaled to sum to 2;
+- layers → 2 (Dory's dict, which lists each layer as its attention then ``"mlp"``, keeps 4 entries; a per-layer
+  list such as ``layer_types`` keeps its first entry and the first entry of another kind, so sliding/global and
+  dense/linear mixes stay mixed; Zamba keeps two hybrid layers); what names layers follows them
+  (`_renumber_layers`): lists of layer indices (``index_layers``, ``kv_source_layers``) and dicts keyed by layer
+  index (``per_layer_config``) keep the kept layers, renumbered, and counts that split the layers into sections
+  (``n_input_layers`` + ``n_recurrent_layers`` + ``n_output_layers``) are rescaled to sum to 2;
 - width → 64, query heads → 4, head dimension → 16 where the config has one; key/value heads keep their relation
   to the query heads (all → 4, one → 1 (MQA), otherwise → 2 (GQA));
 - a rotary dimension (GPT-J, CodeGen) → 8, so rotary stays partial; multimodal RoPE sections rescaled to sum to 8;
 - sizes that a config's validators tie to the others are derived from them (`_derive_dependent`): a per-head width
   ``d_head`` that was ``d_model / n_head`` stays so; a Mamba mixer's heads → 4 of ``mamba_d_head`` = its inner
   width (``mamba_d_ssm`` → at most 128, else ``mamba_expand`` × width) / 4, its state → 16; an attention indexer's
-  heads (``index_num_heads``) → at most the query heads per key/value head;
+  heads (``index_num_heads``) → at most the query heads per key/value head; Zamba's and Zamba2's sizes computed
+  once from the width (`_derive_concatenated_attention`);
 - feed-forward widths → 128, experts → 4 (2 per token), vocabulary → at most 512 (special token ids past it move to its top),
   sliding windows → 4 tokens (shorter than the 6-token inputs, so they act), images → 32 pixels (at least two
   patches a side).
