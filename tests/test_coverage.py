@@ -161,6 +161,23 @@ def test_coverage_cli_on_a_fixed_list_writes_only_what_it_is_given(tmp_path, mon
     assert "model types: 1;" in (docs / "coverage.md").read_text()
 
 
+def test_the_families_summary_counts_each_type_in_each_kind_it_has(tmp_path, monkeypatch, capsys):
+    """One type of each kind: Llama dense, Qwen3.5 hybrid (Gated DeltaNet layers) and gated, Jamba hybrid (Mamba
+    layers), DeepSeek-V3 MLA, Mamba without softmax attention, ESMC refused with its architecture's reason (no kind
+    proved)."""
+    monkeypatch.chdir(tmp_path)
+    types = ["llama", "qwen3_5_text", "jamba", "deepseek_v3", "mamba", "esmc"]
+    missing = [t for t in types if t not in CONFIG_MAPPING]
+    if missing:
+        pytest.skip(f"the installed transformers has no model type {', '.join(missing)}")
+    assert main(["--types", *types, "--out", "coverage.md"]) == 0
+    summary = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:3]
+               for line in (tmp_path / "coverage.md").read_text().split("\n| model type |")[0].splitlines()
+               if line.startswith("| ") and not line.startswith("| kind")}
+    assert summary == {"dense": ["1", "1"], "hybrid": ["2", "2"], "gated": ["1", "1"], "MLA": ["1", "0"],
+                       "non-attention": ["1", "0"], "no proved layout": ["1", "0"]}
+
+
 def test_coverage_cli_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["--types", "mamba"]) == 0
