@@ -84,6 +84,7 @@ from hf_condinit.scripts_common import (
     find_last_checkpoint,
     flags_given,
     make_condition_number_callback,
+    make_periodic_checkpoint_callback,
     make_throughput_callback,
     maybe_init_distributed,
     model_class,
@@ -475,6 +476,7 @@ def main(argv=None):
         preprocess_logits_for_metrics=preprocess,
     )
     make_throughput_callback(cond_args, trainer)
+    make_periodic_checkpoint_callback(cond_args, trainer)
     if cond_args.log_condition_number_every:
         source = eval_dataset if eval_dataset is not None else train_dataset
         if data_args.streaming and eval_dataset is None:

@@ -59,6 +59,7 @@ from hf_condinit.scripts_common import (
     check_loaded_model_flags,
     claim_output_dir,
     find_last_checkpoint,
+    make_periodic_checkpoint_callback,
     make_throughput_callback,
     model_class,
     parse_and_set_up,
@@ -374,6 +375,7 @@ def run_task(
     )
 
     make_throughput_callback(cond_args, trainer)
+    make_periodic_checkpoint_callback(cond_args, trainer)
     if training_args.do_train:
         train_and_save(trainer, train_dataset, resume)
 

@@ -66,6 +66,7 @@ from hf_condinit.scripts_common import (
     config_for_model_type,
     find_last_checkpoint,
     make_condition_number_callback,
+    make_periodic_checkpoint_callback,
     make_throughput_callback,
     model_class,
     parse_and_set_up,
@@ -359,6 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
     trainer, train_dataset, eval_dataset = build_trainer(model_args, data_args, cond_args, training_args,
                                                          attention_given, data)
     make_throughput_callback(cond_args, trainer)
+    make_periodic_checkpoint_callback(cond_args, trainer)
 
     results: dict = {}
     if training_args.do_train:

@@ -63,6 +63,7 @@ from hf_condinit.scripts_common import (
     config_for_model_type,
     evaluate_with_perplexity,
     find_last_checkpoint,
+    make_periodic_checkpoint_callback,
     make_throughput_callback,
     model_class,
     parse_and_set_up,
@@ -281,6 +282,7 @@ def main(argv: list[str] | None = None):
     )
 
     make_throughput_callback(cond_args, trainer)
+    make_periodic_checkpoint_callback(cond_args, trainer)
     if training_args.do_train:
         train_and_save(trainer, train_dataset, last_checkpoint)
     if training_args.do_eval:

@@ -76,6 +76,7 @@ from .scripts.parsing import (
 from .scripts.trainer import (
     CondInitTrainer,
     make_condition_number_callback,
+    make_periodic_checkpoint_callback,
     make_throughput_callback,
 )
 
@@ -106,6 +107,7 @@ __all__ = [
     "CondInitTrainer",
     "claim_output_dir",
     "make_condition_number_callback",
+    "make_periodic_checkpoint_callback",
     "make_throughput_callback",
     "known_attention_names",
     "known_init_names",

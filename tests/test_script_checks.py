@@ -71,6 +71,8 @@ BAD_FLAGS = [
     (["--lr_scheduler_type", "bogus"], "bogus"),  # argparse's choices, or TrainingArguments' enum
     (["--per_device_train_batch_size", "two"], "invalid int value: 'two'"),
     (["--condition_number_probe_size", "0"], "--condition_number_probe_size 0: must be >= 1."),
+    (["--save_minutes=-1"], "--save_minutes -1: must be >= 0."),
+    (["--save_minutes", "nan"], "--save_minutes nan: must be a finite number."),
 ]
 
 

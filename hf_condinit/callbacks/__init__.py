@@ -7,6 +7,7 @@
 - :mod:`.non_finite`: :class:`NonFiniteLossCallback`, stop a run whose loss becomes NaN/inf with an error.
 - :mod:`.preemption`: :class:`PreemptionCallback`, SIGTERM / SIGINT / SIGUSR1 save a checkpoint and stop cleanly.
 - :mod:`.run_totals`: :class:`RunTotalsCallback`, the run's loss and wall time over every resumed segment.
+- :mod:`.periodic_checkpoint`: :class:`PeriodicCheckpointCallback`, a checkpoint every so many minutes of training.
 """
 
 from .condition_number import (
@@ -20,6 +21,7 @@ from .init import ConditionedInitCallback
 from .report import RunReportCallback
 from .throughput import ThroughputCallback, add_throughput_callback
 from .non_finite import NonFiniteLossCallback, NonFiniteLossError
+from .periodic_checkpoint import PeriodicCheckpointCallback
 from .preemption import PREEMPTED_EXIT_CODE, PreemptionCallback, TrainingPreempted
 from .run_totals import RunTotalsCallback
 
@@ -35,6 +37,7 @@ __all__ = [
     "NonFiniteLossCallback",
     "NonFiniteLossError",
     "PREEMPTED_EXIT_CODE",
+    "PeriodicCheckpointCallback",
     "PreemptionCallback",
     "RunTotalsCallback",
     "TrainingPreempted",

@@ -136,6 +136,13 @@ class CondInitArguments:
     condition_number_probe_length: int = field(
         default=DEFAULT_PROBE_LENGTH, metadata={"help": "Tokens per probe sequence for the κ diagnostic."}
     )
+    save_minutes: float = field(
+        default=0.0,
+        metadata={"help": "Also save a checkpoint every M minutes of training (wall time, whatever a step costs), so "
+                          "that a kill without warning (SIGKILL, out of memory) costs at most M minutes; 0 (default): "
+                          "only --save_steps' and a signal's checkpoints (hf_condinit.callbacks."
+                          "PeriodicCheckpointCallback)."},
+    )
     log_throughput: bool = field(
         default=False,
         metadata={"help": "Add tokens/s, MFU (known GPUs) and peak accelerator memory to every training log line "

@@ -123,6 +123,7 @@ FLAG_RANGES: dict[str, Range] = {
     "log_condition_number_every": NON_NEGATIVE,
     "condition_number_probe_size": AT_LEAST_ONE,
     "condition_number_probe_length": Range(2),  # κ of a 1-token causal head is trivially 1
+    "save_minutes": NON_NEGATIVE,  # 0: no time-based checkpoints
 }
 
 #: Numeric flags with no range beyond being finite: the mimetic coefficients (the paper's are 0.7 / 0.4; any real

@@ -280,3 +280,15 @@ def make_throughput_callback(cond_args: CondInitArguments, trainer):
     from hf_condinit.callbacks import add_throughput_callback
 
     return add_throughput_callback(trainer)
+
+
+def make_periodic_checkpoint_callback(cond_args: CondInitArguments, trainer):
+    """``hf_condinit.callbacks.PeriodicCheckpointCallback`` for ``--save_minutes`` (``None`` when 0), added to
+    ``trainer``."""
+    if not cond_args.save_minutes:
+        return None
+    from hf_condinit.callbacks import PeriodicCheckpointCallback
+
+    callback = PeriodicCheckpointCallback(cond_args.save_minutes * 60)
+    trainer.add_callback(callback)
+    return callback
