@@ -2,17 +2,17 @@
 (:class:`TrainSpec`), the ``Trainer`` it runs (:func:`train_run`), the record read back from the Trainer's folder
 (:func:`summarize_trainer_run`), and a plan's runs executed under claims (:func:`execute_runs`).
 
-A run is what a user gets from ``run_clm.py`` (``_common``'s docstring says how it is built and trained), and a run
-stopped by a signal resumes as ``run_clm.py`` does: SIGTERM / SIGINT / SIGUSR1 make the library's
-``PreemptionCallback`` save a checkpoint and stop (``execute_runs`` then exits 75), and the next worker that takes the
-same spec into the same folder resumes from that checkpoint instead of starting over. The folder's
-:data:`RUN_STATE` file names the spec's key (a checkpoint of other settings is never resumed) and carries the CPU and
-wall seconds of the earlier segments, so that the record's ``cpu_seconds`` / ``wall_seconds`` cover the whole run;
-``resumed_at`` lists the steps it resumed at. A kill that gives no chance to save (SIGKILL, the OOM killer, a lost
-machine) costs at most :data:`CHECKPOINT_EVERY_SECONDS` of training: :func:`periodic_checkpoint` saves a checkpoint
-that often (the newest one only is kept) and writes the seconds so far into :data:`RUN_STATE` beside it, so a resumed
-record counts the seconds of the work it keeps (work lost to a kill is not counted). On resume, the κ measurements
-past the checkpoint's step (and a line a kill cut short) are dropped from ``condition_number.jsonl`` by the library's
+A run is what a user gets from ``run_clm.py`` (``_common``'s docstring says how it is built and trained), and it
+resumes as ``run_clm.py`` does, through the library: SIGTERM / SIGINT / SIGUSR1 make the library's
+``PreemptionCallback`` save a checkpoint and stop (``execute_runs`` then exits 75), a kill without warning (SIGKILL,
+the OOM killer) costs at most :data:`CHECKPOINT_EVERY_SECONDS` of training (the library's
+``PeriodicCheckpointCallback``, the newest checkpoint kept), and the next worker that takes the same spec resumes
+from the folder's newest complete checkpoint (``hf_condinit.scripts.checkpoints.newest_complete_checkpoint``). A
+run's Trainer folder (:func:`trainer_folder`) carries the spec's key in its name, so a checkpoint found there is
+always of that spec. The record's ``cpu_seconds`` / ``wall_seconds`` add the finishing segment to the training
+seconds of the earlier ones that the checkpoint carries (``hf_condinit.callbacks.RunTotalsCallback``: work lost to a
+kill is not counted); ``resumed_at`` is the step the finishing segment resumed at. On resume, the κ measurements past
+the checkpoint's step (and a line a kill cut short) are dropped from ``condition_number.jsonl`` by the library's
 ``ConditionNumberCallback``: the resumed run measures them again. A resumed run trains on the same batches as an
 uninterrupted one and records the same ``train_batches_sha256``: the batches the Trainer skips are hashed from its own
 dataloader (:func:`_hash_skipped_batches`).
@@ -39,7 +39,6 @@ from hf_condinit.checkpoints import newest_complete_checkpoint
 from hf_condinit.study.files import write_json
 from hf_condinit.versions import RESUME_MIN_TORCH, torch_below
 
-RUN_STATE = "harness_run.json"  # in a run's Trainer folder: {"key", "cpu_seconds", "wall_seconds", "resumed_at"}
 #: Wall seconds between the periodic checkpoints of a harness run (compare.py --checkpoint-minutes; 0: none, only the
 #: signal's). A save of the harness's models takes well under a second: < 0.2 % of the run at this interval.
 CHECKPOINT_EVERY_SECONDS = 600.0
@@ -79,10 +78,18 @@ class TrainSpec:
         return C.stable_hash(asdict(self))
 
 
+def trainer_folder(root: str, spec: TrainSpec) -> str:
+    """The Trainer output folder of ``spec`` under ``root``: ``<setting>/<label>/seed<k>-<key>`` (label: the
+    sweep's arm label, else the arm with ``+`` as ``_plus_``). The key makes a changed spec train in a new folder, so
+    a checkpoint is only ever resumed by the spec that saved it (the old folder is left as it was)."""
+    label = spec.extra.get("label", spec.arm).replace("+", "_plus_")
+    return os.path.join(root, spec.setting, label, f"seed{spec.seed}-{spec.key()}")
+
+
 def _training_arguments(spec: TrainSpec, run_dir: str, resumed: bool = False):
     """``TrainingArguments`` = ``run_clm.py``'s LM defaults (``LM_TRAINING_DEFAULTS``) with the spec's values; a
     ``resumed`` run skips the evaluation on start (the checkpoint's log history has it). Checkpoints are saved by
-    the signal's callback and :func:`periodic_checkpoint`, the newest one kept."""
+    the signal's callback and the periodic one, the newest one kept."""
     from transformers import TrainingArguments
 
     from hf_condinit.scripts_common import LM_TRAINING_DEFAULTS
@@ -151,33 +158,6 @@ def _kappa_entry(rec: dict) -> dict:
                 seconds=rec["seconds"], layers=layers)
 
 
-def periodic_checkpoint(every_seconds: float, on_saved):
-    """A ``TrainerCallback`` that asks for a checkpoint at the end of the first optimizer step at least
-    ``every_seconds`` of wall time after the start of training or the last save (none when ``every_seconds`` is 0, and
-    none at the last step: the run is then finished), and calls ``on_saved(step)`` after every save, the signal's
-    included."""
-    from transformers import TrainerCallback
-
-    class _PeriodicCheckpoint(TrainerCallback):
-        def __init__(self):
-            self.last = time.monotonic()
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.last = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            due = every_seconds > 0 and time.monotonic() - self.last >= every_seconds
-            if due and state.global_step < state.max_steps:
-                control.should_save = True
-            return control
-
-        def on_save(self, args, state, control, **kwargs):
-            self.last = time.monotonic()
-            on_saved(state.global_step)
-
-    return _PeriodicCheckpoint()
-
-
 def summarize_trainer_run(run_dir: str) -> dict:
     """The numbers the harness aggregates from one Trainer output folder, read with ``hf_condinit.compare.load_run``
     (what ``python -m hf_condinit.compare`` reads): ``condinit``, the eval-loss curve logged during training
@@ -213,69 +193,34 @@ def summarize_trainer_run(run_dir: str) -> dict:
 
 def train_run(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[dict] = None,
               blimp_dir: Optional[str] = None) -> dict:
-    """Train one arm for one seed into the Trainer output folder ``run_dir``: resumed from its newest complete
-    checkpoint when the folder holds an unfinished run of ``spec`` (:func:`_resume_point`), else replaced. Then
-    evaluate on the whole held-out split, on each of ``eval_sets`` (name -> packed dataset) and, given ``blimp_dir``,
-    on BLiMP (:func:`_lm_zero_shot.evaluate_blimp`, record key ``blimp``). Returns the run record:
+    """Train one arm for one seed into the Trainer output folder ``run_dir`` (:func:`trainer_folder`): resumed from
+    its newest complete checkpoint when the folder holds an unfinished run (no ``train_results.json``), else
+    replaced. Then evaluate on the whole held-out split, on each of ``eval_sets`` (name -> packed dataset) and, given
+    ``blimp_dir``, on BLiMP (:func:`_lm_zero_shot.evaluate_blimp`, record key ``blimp``). Returns the run record:
     :func:`summarize_trainer_run` of the folder plus parameter counts, tokens seen, per-file eval, step-0
-    diagnostics, the digest of the training batches, and ``cpu_seconds`` (user + system CPU time of this process)
-    and ``wall_seconds`` summed over the run's segments (``resumed_at``: the steps it resumed at, when it did). Every
-    checkpoint, the signal's and the periodic ones, writes the seconds so far into :data:`RUN_STATE`; a signal during
-    training then raises ``TrainingPreempted``. What the Trainer prints goes to ``run_dir/log.txt``."""
+    diagnostics, the digest of the training batches, ``cpu_seconds`` (user + system CPU time of this process) and
+    ``wall_seconds`` (module docstring), and ``resumed_at`` when it resumed. A signal during training raises
+    ``TrainingPreempted`` after its checkpoint. What the Trainer prints goes to ``run_dir/log.txt``."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     load_start = os.getloadavg()[0]
-    resume = _resume_point(spec, run_dir)
-    state_path = os.path.join(run_dir, RUN_STATE)
-    if resume is None:
-        if os.path.isdir(run_dir):
-            shutil.rmtree(run_dir)
-        os.makedirs(run_dir)
-        state = dict(key=spec.key(), cpu_seconds=0.0, wall_seconds=0.0, resumed_at=[])
-    else:
-        with open(state_path) as f:
-            state = json.load(f)
-        state["resumed_at"].append(_step_of(resume))
-        print(f"[compare] {run_dir}: resuming from {os.path.basename(resume)}", file=sys.stderr)
-    write_json(state_path, state)
-
-    def add_this_segment(into: dict) -> dict:
-        into.update(cpu_seconds=state["cpu_seconds"] + time.process_time() - cpu_start,
-                    wall_seconds=state["wall_seconds"] + time.perf_counter() - t_start)
-        return into
-
-    def on_saved(step: int) -> None:  # the seconds up to this checkpoint: a resume from it starts from them
-        write_json(state_path, add_this_segment(dict(state)))
-
-    with open(os.path.join(run_dir, "log.txt"), "a") as log, contextlib.redirect_stdout(log):
-        rec = _train(spec, data, run_dir, eval_sets, blimp_dir, resume, on_saved)
-    add_this_segment(rec)
-    rec["loadavg_1m_at_start"] = load_start
-    if state["resumed_at"]:
-        rec["resumed_at"] = state["resumed_at"]
-    return rec
-
-
-def _resume_point(spec: TrainSpec, run_dir: str) -> Optional[str]:
-    """The checkpoint to resume ``spec``'s run from: the newest complete ``checkpoint-*`` of ``run_dir`` when the
-    folder's :data:`RUN_STATE` names ``spec.key()`` and the run has not finished (no ``train_results.json``); else
-    None (with one line on stderr when a checkpoint is about to be replaced: one of other settings, or any on a torch
-    below ``hf_condinit.versions.RESUME_MIN_TORCH``, where the Trainer cannot resume)."""
-    if not os.path.isdir(run_dir) or os.path.exists(os.path.join(run_dir, "train_results.json")):
-        return None
-    try:
-        with open(os.path.join(run_dir, RUN_STATE)) as f:
-            key = json.load(f).get("key")
-    except (OSError, json.JSONDecodeError):
-        key = None
-    last = newest_complete_checkpoint(run_dir)
-    if last is not None and key != spec.key():
-        print(f"[compare] {run_dir}: its checkpoints are of other settings; starting over", file=sys.stderr)
-        return None
-    if last is not None and torch_below(RESUME_MIN_TORCH):
+    finished = os.path.exists(os.path.join(run_dir, "train_results.json"))
+    resume = newest_complete_checkpoint(run_dir) if os.path.isdir(run_dir) and not finished else None
+    if resume is not None and torch_below(RESUME_MIN_TORCH):
         print(f"[compare] {run_dir}: resuming needs torch>={RESUME_MIN_TORCH} (transformers refuses to load the "
               f"optimizer state below it, found {torch.__version__}); starting over", file=sys.stderr)
-        return None
-    return last
+        resume = None
+    if resume is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os.makedirs(run_dir)
+    else:
+        print(f"[compare] {run_dir}: resuming from {os.path.basename(resume)}", file=sys.stderr)
+    with open(os.path.join(run_dir, "log.txt"), "a") as log, contextlib.redirect_stdout(log):
+        rec, totals = _train(spec, data, run_dir, eval_sets, blimp_dir, resume)
+    rec.update(cpu_seconds=totals.cpu_before + time.process_time() - cpu_start,
+               wall_seconds=totals.wall_before + time.perf_counter() - t_start, loadavg_1m_at_start=load_start)
+    if resume is not None:
+        rec["resumed_at"] = _step_of(resume)
+    return rec
 
 
 def _step_of(checkpoint: str) -> int:
@@ -307,10 +252,11 @@ def _hash_skipped_batches(trainer, digest, steps: int) -> None:
 
 
 def _train(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[dict], blimp_dir: Optional[str],
-           resume: Optional[str], on_saved) -> dict:
+           resume: Optional[str]):
+    """The run of :func:`train_run`: ``(record, the trainer's RunTotalsCallback)``."""
     from transformers import PrinterCallback, default_data_collator
 
-    from hf_condinit.callbacks import NonFiniteLossError, RunReportCallback
+    from hf_condinit.callbacks import NonFiniteLossError, PeriodicCheckpointCallback, RunReportCallback
     from hf_condinit.scripts_common import CondInitTrainer, evaluate_with_perplexity, train_and_save
 
     tok = data.tokenizer
@@ -335,7 +281,8 @@ def _train(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[di
     if resume is not None:
         _hash_skipped_batches(trainer, digest, _step_of(resume))
     trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(periodic_checkpoint(CHECKPOINT_EVERY_SECONDS, on_saved))
+    if CHECKPOINT_EVERY_SECONDS > 0:
+        trainer.add_callback(PeriodicCheckpointCallback(CHECKPOINT_EVERY_SECONDS))
     RunReportCallback.attach(trainer, figures=False)  # the model card; the harness draws seed-aggregated figures
     if spec.kappa_at:
         steps = {min(spec.steps, int(round(f * spec.steps))) for f in spec.kappa_at}
@@ -386,7 +333,7 @@ def _train(spec: TrainSpec, data: C.LMData, run_dir: str, eval_sets: Optional[di
         rec["diverged"] = diverged
     if hasattr(model.transformer.h[0].attn, "condinit_affine"):
         rec["alpha_ma"] = [[float(a) for a in blk.attn.condinit_affine.alpha_ma] for blk in model.transformer.h]
-    return rec
+    return rec, trainer.run_totals
 
 
 def evaluate_saved_run(run_dir: str, spec: dict, eval_sets: dict) -> dict:

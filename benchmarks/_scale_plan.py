@@ -118,7 +118,7 @@ def plan(p: ScalePlan) -> list[LM.TrainSpec]:
 def record_paths(out: str, spec: LM.TrainSpec) -> tuple[str, str]:
     label = spec.extra["label"]
     return (os.path.join(out, "runs", spec.setting, label, f"seed{spec.seed}.json"),
-            os.path.join(out, "trainer", spec.setting, label, f"seed{spec.seed}"))
+            LM.trainer_folder(os.path.join(out, "trainer"), spec))
 
 
 def record_of(out: str, spec: LM.TrainSpec) -> dict | None:

@@ -3,7 +3,7 @@
 Arms (``_common.ARMS``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
 identity mode), preconditioned, attention_sink. Each arm × seed is one ``run_clm.py``-style run through the HF
 ``Trainer`` (``_lm_run.train_run``: the library's data helpers, ``CondInitTrainer``, the docs/methods.md §7 LM recipe,
-``ConditionNumberCallback``), into a normal Trainer output folder ``trainer/<setting>/<arm>/seed<k>/``. Same data order
+``ConditionNumberCallback``), into a normal Trainer output folder ``trainer/<setting>/<arm>/seed<k>-<key>/``. Same data order
 per seed across arms (the Trainer's sampler seeded with the seed), held-out split = the first 5 % of the documents.
 
 Per arm the report (``_lm_report``) gives: final eval perplexity (full held-out split, and each ``--eval-file``) mean ± std over seeds;
@@ -267,7 +267,7 @@ def run_path(out: str, spec) -> str:
 
 def trainer_dir(out: str, spec) -> str:
     """The run's Trainer output folder (``config.json``, ``trainer_state.json``, ``eval_results.json``, ...)."""
-    return os.path.join(out, "trainer", spec.setting, spec.arm.replace("+", "_plus_"), f"seed{spec.seed}")
+    return LM.trainer_folder(os.path.join(out, "trainer"), spec)
 
 
 def add_missing_eval_files(path: str, run_dir: str, eval_sets: dict, eval_info: dict) -> None:

@@ -1,12 +1,13 @@
 """The harness resumes a stopped run (``benchmarks/_lm_run.train_run``), as ``run_clm.py`` does: a signal costs at
 most the work since the checkpoint it saved, and a kill without warning (SIGKILL) at most the work since the last
-periodic checkpoint (``CHECKPOINT_EVERY_SECONDS``), not the whole run.
+periodic checkpoint (``CHECKPOINT_EVERY_SECONDS``, the library's ``PeriodicCheckpointCallback``), not the whole run.
 
 Reference: the same spec trained without a stop. The resumed run must end with the same weights, the same eval and
 training curves, the same κ measurements and the same digest of its training batches (the one ``train_batches_sha256``
-pairs runs by), and count the CPU and wall seconds of both segments. A folder whose checkpoint is of other settings
-starts over, and so does every stopped run on a torch below ``RESUME_MIN_TORCH`` (the floors' 2.5), where the Trainer
-cannot load the optimizer state. The signal is a real SIGTERM sent to this process from inside a training forward
+pairs runs by), and count the CPU and wall seconds of both segments (the library's ``RunTotalsCallback`` carries the
+first segment's through the checkpoint). A run of other settings trains in its own folder, and every stopped run
+starts over on a torch below ``RESUME_MIN_TORCH`` (the floors' 2.5), where the Trainer cannot load the optimizer
+state. The signal is a real SIGTERM sent to this process from inside a training forward
 pass; the kill is an exception no handler catches, raised there (what a SIGKILL leaves: no save, no state written),
 and the κ lines such a kill can leave past the checkpoint (one complete, one cut short) are planted before the
 resume."""
@@ -15,7 +16,7 @@ import json
 import os
 import random
 import signal
-import sys
+import time
 
 import pytest
 import torch
@@ -88,16 +89,22 @@ def _weights(run_dir):
     return load_file(os.path.join(run_dir, "model.safetensors"))
 
 
-def _assert_resumed_like_the_whole(resumed, run_dir, whole, resumed_at: int, capsys):
+def _resume(LM, spec, data, run_dir):
+    """(record, CPU seconds, wall seconds) of ``train_run`` resuming ``run_dir``, its seconds measured around it."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    rec = LM.train_run(spec, data, run_dir)
+    return rec, dict(cpu=time.process_time() - cpu, wall=time.perf_counter() - wall)
+
+
+def _assert_resumed_like_the_whole(resumed, segment, run_dir, whole, resumed_at: int, capsys):
     """``resumed`` (the record of the run resumed in ``run_dir`` from ``checkpoint-<resumed_at>``) is the ``whole``
     run: batches, curves, κ, final loss, weights; and it counts the seconds of the stopped segment too."""
-    LM = sys.modules["_lm_run"]
     whole_rec, whole_dir = whole
     assert "resumed_at" not in whole_rec
     if RESUME_REFUSED:  # transformers cannot load the optimizer state: the run starts over, to the same result
         assert "resumed_at" not in resumed and "resuming needs torch>=" in capsys.readouterr().err
     else:
-        assert resumed["resumed_at"] == [resumed_at]
+        assert resumed["resumed_at"] == resumed_at
     assert resumed["train_batches_sha256"] == whole_rec["train_batches_sha256"]
     assert resumed["steps"] == whole_rec["steps"] == 16
     assert [s for s, _ in resumed["eval_curve"]] == [s for s, _ in whole_rec["eval_curve"]] == [0, 4, 8, 12, 16]
@@ -114,12 +121,13 @@ def _assert_resumed_like_the_whole(resumed, run_dir, whole, resumed_at: int, cap
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
-    # both segments' time is counted (the first segment's seconds come from the folder's run state)
-    with open(os.path.join(run_dir, LM.RUN_STATE)) as f:
-        state = json.load(f)
+    # both segments' time is counted (the first segment's training seconds come from the checkpoint)
     if not RESUME_REFUSED:
-        assert 0 < state["cpu_seconds"] < resumed["cpu_seconds"]
-        assert 0 < state["wall_seconds"] < resumed["wall_seconds"]
+        with open(os.path.join(run_dir, f"checkpoint-{resumed_at}", "trainer_state.json")) as f:
+            saved = json.load(f)["stateful_callbacks"]["hf_condinit_run_totals"]
+        for what in ("cpu", "wall"):  # the record minus this segment: the stopped segment's training seconds
+            assert 0 < 0.5 * saved[f"{what}_seconds"] < resumed[f"{what}_seconds"] - segment[what], what
+        assert resumed["final_eval"]["train_segments"] == 2
     assert resumed["train_seconds"] > 0
 
 
@@ -136,7 +144,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(harness, whole, tmp_p
         handle.remove()
     assert stop.value.step == STOP_AT_FORWARD
     assert os.path.isdir(os.path.join(run_dir, f"checkpoint-{STOP_AT_FORWARD}"))
-    _assert_resumed_like_the_whole(LM.train_run(spec(), data, run_dir), run_dir, whole, STOP_AT_FORWARD, capsys)
+    _assert_resumed_like_the_whole(*_resume(LM, spec(), data, run_dir), run_dir, whole, STOP_AT_FORWARD, capsys)
 
 
 class _Killed(BaseException):
@@ -163,8 +171,6 @@ def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(harness, whole, 
         handle.remove()
     last = KILL_AT_FORWARD - 1
     assert sorted(n for n in os.listdir(run_dir) if n.startswith("checkpoint-")) == [f"checkpoint-{last}"]
-    with open(os.path.join(run_dir, LM.RUN_STATE)) as f:
-        assert json.load(f)["cpu_seconds"] > 0  # written beside the checkpoint
     # what a kill can leave past the checkpoint: a κ line of a later step, and a line cut short
     kappa_path = os.path.join(run_dir, "condition_number.jsonl")
     with open(kappa_path) as f:
@@ -173,21 +179,22 @@ def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(harness, whole, 
     with open(kappa_path, "a") as f:
         f.write(json.dumps({**json.loads(lines[-1]), "step": last + 2}) + "\n" + lines[-1][: len(lines[-1]) // 2])
     monkeypatch.setattr(LM, "CHECKPOINT_EVERY_SECONDS", 0.0)
-    _assert_resumed_like_the_whole(LM.train_run(spec(), data, run_dir), run_dir, whole, last, capsys)
+    _assert_resumed_like_the_whole(*_resume(LM, spec(), data, run_dir), run_dir, whole, last, capsys)
 
 
-def test_a_checkpoint_of_other_settings_is_not_resumed(harness, tmp_path, capsys):
+def test_a_checkpoint_is_resumed_only_by_the_settings_that_saved_it(harness, tmp_path):
     from hf_condinit.callbacks import TrainingPreempted
 
     LM, data, spec = harness
-    run_dir = str(tmp_path / "run")
+    first, other = spec(lr=3e-3), spec(lr=1e-2)
     handle = _sigterm_during_training_forward(STOP_AT_FORWARD)
     try:
         with pytest.raises(TrainingPreempted):
-            LM.train_run(spec(lr=3e-3), data, run_dir)
+            LM.train_run(first, data, LM.trainer_folder(str(tmp_path), first))
     finally:
         handle.remove()
-    other = LM.train_run(spec(lr=1e-2), data, run_dir)
-    assert "resumed_at" not in other and other["steps"] == 16
-    assert "its checkpoints are of other settings; starting over" in capsys.readouterr().err
-    assert not os.path.exists(os.path.join(run_dir, f"checkpoint-{STOP_AT_FORWARD}"))
+    assert LM.trainer_folder(str(tmp_path), other) != LM.trainer_folder(str(tmp_path), first)
+    rec = LM.train_run(other, data, LM.trainer_folder(str(tmp_path), other))
+    assert "resumed_at" not in rec and rec["steps"] == 16
+    # the stopped run is left as it was, to be resumed by its own settings
+    assert os.path.isdir(os.path.join(LM.trainer_folder(str(tmp_path), first), f"checkpoint-{STOP_AT_FORWARD}"))

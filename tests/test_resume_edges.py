@@ -59,6 +59,10 @@ def test_a_checkpoint_at_the_last_step_trains_nothing(tmp_path, length, last):
     assert all(torch.equal(v, reference[k]) for k, v in again.model.state_dict().items())
     totals = again.run_totals.metrics(again.state.global_step)
     assert totals["train_loss"] == ref_loss and totals["train_segments"] == 2
+    # the CPU seconds span the segments: the checkpoint's count is carried on
+    with open(tmp_path / "full" / f"checkpoint-{last}" / "trainer_state.json") as f:
+        saved = json.load(f)["stateful_callbacks"][STATE_KEY]["cpu_seconds"]
+    assert 0 < saved <= totals["train_cpu_seconds"]
 
 
 def _losses(n, seed=0):

@@ -12,7 +12,8 @@ no float64) in step order, carried through the checkpoint: a resumed segment add
 it resumed from, so a resumed run's ``train_loss`` equals the uninterrupted run's bit for bit (a segment summed on
 its own and added at the end rounds differently); ``train_wall_seconds``: the wall time of every segment up to
 its last checkpoint (the time a killed segment ran after it is lost with its steps) plus the current segment;
-``train_segments``: how many ``train()`` calls the run took (1 + resumes).
+``train_cpu_seconds``: the same for this process's CPU time (user + system, every thread; on a machine shared with
+other jobs a fairer measure of the work than wall time); ``train_segments``: how many ``train()`` calls the run took (1 + resumes).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ class RunTotalsCallback(TrainerCallback):
     def __init__(self):
         self.loss_before = 0.0  # summed step losses of the earlier segments (None: resumed without totals)
         self.wall_before = 0.0
+        self.cpu_before = 0.0
         self.segments = 1
         self._loss = None  # the run's summed step losses so far, a tensor on the training device (no sync per step)
-        self._start = time.perf_counter()
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
     def add_loss(self, loss) -> None:
         """Add one ``training_step`` result (a 0-dim tensor) to the run's running sum."""
@@ -44,8 +46,9 @@ class RunTotalsCallback(TrainerCallback):
         self._loss = self._loss + loss
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._loss, self._start = None, time.perf_counter()
+        self._loss, self._start, self._cpu_start = None, time.perf_counter(), time.process_time()
         saved = (state.stateful_callbacks or {}).get(STATE_KEY) if state.global_step > 0 else None
+        self.cpu_before = (saved or {}).get("cpu_seconds", 0.0)  # 0 from a checkpoint of a version without it
         if saved:
             self.loss_before, self.wall_before, self.segments = saved["loss_sum"], saved["wall_seconds"], saved["segments"] + 1
         elif state.global_step > 0:  # resumed from a checkpoint without totals (an older version's): unknown
@@ -54,19 +57,21 @@ class RunTotalsCallback(TrainerCallback):
             self.loss_before, self.wall_before, self.segments = 0.0, 0.0, 1
 
     def snapshot(self) -> dict:
-        """``{"loss_sum", "wall_seconds", "segments"}`` up to now (kept in each checkpoint)."""
+        """``{"loss_sum", "wall_seconds", "cpu_seconds", "segments"}`` up to now (kept in each checkpoint)."""
         if self.loss_before is None:
             loss_sum = None
         else:
             loss_sum = self.loss_before if self._loss is None else float(self._loss)
         return {"loss_sum": loss_sum, "wall_seconds": round(self.wall_before + time.perf_counter() - self._start, 3),
+                "cpu_seconds": round(self.cpu_before + time.process_time() - self._cpu_start, 3),
                 "segments": self.segments}
 
     def metrics(self, global_step: int) -> dict:
         """``train_loss`` (over the whole run; omitted when an older checkpoint lacked the totals),
-        ``train_wall_seconds`` and ``train_segments``."""
+        ``train_wall_seconds``, ``train_cpu_seconds`` and ``train_segments``."""
         snap = self.snapshot()
-        out = {"train_wall_seconds": snap["wall_seconds"], "train_segments": snap["segments"]}
+        out = {"train_wall_seconds": snap["wall_seconds"], "train_cpu_seconds": snap["cpu_seconds"],
+               "train_segments": snap["segments"]}
         if snap["loss_sum"] is not None and global_step > 0:
             out["train_loss"] = snap["loss_sum"] / global_step
         return out
