@@ -14,7 +14,7 @@ import _common as C
 import _lm_zero_shot as ZS
 import _scale_plan as SP
 import _scale_report as SR
-import _verdict as V
+from hf_condinit import stats as V
 from _common import fail
 from _depth_plan import DepthPlan, best_rates, grid_state, own_grid_states, plan, record_metric
 
@@ -79,7 +79,7 @@ def _loss_by_lr(grid: dict) -> dict:
 def baseline_for(seeds: dict, baselines: list) -> dict:
     """seed -> the default run an arm's run of that seed pairs with: of ``baselines`` (seed -> summary each:
     default's own runs first, then its device-matched runs, ``DepthPlan.matched_baselines``) the first on the arm's
-    run's device, else default's own (which ``_verdict.paired`` then leaves unpaired when its device differs)."""
+    run's device, else default's own (which ``hf_condinit.stats.paired`` then leaves unpaired when its device differs)."""
     out = {}
     for s, r in seeds.items():
         same = [b[s] for b in baselines if s in b and b[s]["device"] == r["device"]]
@@ -163,7 +163,7 @@ def analyse(runs: dict, p: DepthPlan, state: dict, states: dict | None = None) -
 
 def same_rate_check(runs: dict, p: DepthPlan, best: dict) -> dict:
     """At ``rate_check_depth``, per arm whose best rate is not default's: its loss gap to default run at the *arm's*
-    rate (paired by seed; verdict: ``_verdict.judge``, the table's own family), next to default's own-rate runs
+    rate (paired by seed; verdict: ``hf_condinit.stats.judge``, the table's own family), next to default's own-rate runs
     there."""
     depth = p.rate_check_depth
     if depth is None or best.get("default") is None:
@@ -315,12 +315,12 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
                      "pairs with it, the table's default row keeps default's own runs.\n")
     fam = {w: len([1 for row in res["depths"].values() for a, r in row.items()
                    if a != "default" and r.get(f"{w}_verdict", {}).get("n", 0) >= 2]) for w in ("loss", "blimp")}
-    lines.append(V.family_caption("this table's Δ loss cells (every depth and arm)", fam["loss"])
+    lines.append(C.family_caption("this table's Δ loss cells (every depth and arm)", fam["loss"])
                  + f" The Δ BLiMP column is its own family of {fam['blimp']} cells.")
     for depth, row in res["depths"].items():
         d = row.get("default")
         if d:
-            lines.append(f"- depth {depth}: " + V.flat_sentence(V.flat_curve(d["eval_curves"], d["steps"])))
+            lines.append(f"- depth {depth}: " + C.flat_sentence(V.flat_curve(d["eval_curves"], d["steps"])))
     lines.append("")
     if res.get("same_rate"):
         lines.append("Same-rate check: at depth %d each arm whose best rate is not default's against default run at the "
@@ -334,7 +334,7 @@ def markdown(res: dict, p: DepthPlan, eval_name: str | None, n_runs: int, n_plan
             lines.append(f"| {r['depth']} | {a} | {r['lr']:g} | {len(r['seeds'])} | {d_here} (own {r['default_lr']:g}: "
                          f"{d_own}) | {V.fmt(r['verdict'])} |")
         lines.append("")
-        lines.append(V.family_caption("this table's rows", len([r for r in res["same_rate"].values()
+        lines.append(C.family_caption("this table's rows", len([r for r in res["same_rate"].values()
                                                                  if r["verdict"]["n"] >= 2])))
         lines.append("")
     lines.append("κ(J) per layer (causal, mean over heads and seeds; init → end):\n")

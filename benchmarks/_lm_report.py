@@ -12,13 +12,13 @@ import statistics
 
 import _common as C
 import _lm_zero_shot as ZS
-import _verdict as V
+from hf_condinit import stats as V
 from _common import fail
 from _lm_run import GAIN_KEYS, SWEEP_KEYS
 
 def eval_file_stats(name: str, seeds: dict, default: dict) -> dict:
     """Loss / perplexity on one ``--eval-file`` over seeds (mean ± std) and, given the default arm's runs, the
-    paired loss difference to default (``_verdict.paired``: same device and batches; mean ± std)."""
+    paired loss difference to default (``hf_condinit.stats.paired``: same device and batches; mean ± std)."""
     loss = {s: r["eval_files"][name]["loss"] for s, r in sorted(seeds.items()) if name in r.get("eval_files", {})}
     ppl = [math.exp(v) if v < 700 else float("inf") for v in loss.values()]
     out = dict(seeds=list(loss), loss=list(loss.values()), ppl=ppl)
@@ -38,7 +38,7 @@ def aggregate_setting(recs: list[dict]) -> dict:
     for r in recs:
         by_arm.setdefault(r["arm"], {})[r["seed"]] = r
     out = {"arms": {}}
-    family: dict = {}  # (arm, "loss" | "blimp") -> seed -> paired Δ: the verdicts of one table (_verdict.judge)
+    family: dict = {}  # (arm, "loss" | "blimp") -> seed -> paired Δ: the verdicts of one table (hf_condinit.stats.judge)
     default = by_arm.get("default", {})
     target = None
     if default:
@@ -162,7 +162,7 @@ def markdown(results: dict) -> str:
                      f"{a0['tokens_seen']:,} = {a0['tokens_seen'] / a0['n_params']:.3f} tokens per parameter "
                      f"({a0['tokens_per_param']:.3f} per non-embedding parameter), {a0['epochs']:.2f} epochs"
                      + (": training blocks are seen more than once" if a0["epochs"] > 1 else "")
-                     + f". Ran on: {', '.join(devices)}. {V.flat_sentence(flat)}\n")
+                     + f". Ran on: {', '.join(devices)}. {C.flat_sentence(flat)}\n")
         lines.append("| arm | seeds | eval ppl (mean ± std) | eval loss | Δ loss vs default, paired: mean [95 % CI] "
                      "verdict | BLiMP acc. % (mean ± std) | Δ BLiMP pts, paired: mean [95 % CI] verdict | "
                      "steps to default's final loss (ratio) | tokens/s |")
@@ -177,7 +177,7 @@ def markdown(results: dict) -> str:
                          f"{_pct(a.get('blimp_std'))} | {V.fmt(a.get('blimp_verdict'), 2, 100)} | {reach} | "
                          f"{_fmt(a['tokens_per_s'], 0)} |")
         lines.append("")
-        lines.append(V.family_caption("this table's Δ loss cells (arms against default)",
+        lines.append(C.family_caption("this table's Δ loss cells (arms against default)",
                                       base["verdict_family_size"]["loss"])
                      + " The Δ BLiMP column is its own family of "
                      f"{base['verdict_family_size']['blimp']} cells.")
@@ -242,7 +242,7 @@ def markdown(results: dict) -> str:
                          f"{V.fmt(verdicts[name])} | {j(c['step0']['attn_entropy'])} | "
                          f"{j(d['step0']['attn_entropy'])} |")
         lines.append("")
-        lines.append(V.family_caption("this table's rows (conditioned against default per setting)",
+        lines.append(C.family_caption("this table's rows (conditioned against default per setting)",
                                       len([v for v in verdicts.values() if v["n"] >= 2])))
         lines.append("")
     lines.append("BLiMP: accuracy on the minimal pairs of `--blimp-dir` (a pair is right when the grammatical "

@@ -13,7 +13,7 @@ import statistics
 
 import _common as C
 import _lm_zero_shot as ZS
-import _verdict as V
+from hf_condinit import stats as V
 from _common import fail
 from _scale_plan import ScalePlan, _metric, size_name
 
@@ -122,7 +122,7 @@ def load_cells(out: str, eval_name: str | None) -> dict:
 
 def paired_gaps(cell: dict, label: str, key: str = "loss", default: dict | None = None) -> dict:
     """seed -> ``key``(label) − ``key``(default) (``key``: "loss" or "blimp") over the seeds both have with a
-    value, on the same device and batches (``_verdict.paired``). ``default``: the default runs to pair with
+    value, on the same device and batches (``hf_condinit.stats.paired``). ``default``: the default runs to pair with
     (seed -> summary; default: the cell's own)."""
     d = cell.get("default", {}) if default is None else default
     a = cell.get(label, {})
@@ -131,7 +131,7 @@ def paired_gaps(cell: dict, label: str, key: str = "loss", default: dict | None 
 
 
 def table_verdicts(cells: dict, keys: list, arms, key: str = "loss") -> dict:
-    """(cell key, arm) -> ``_verdict.judge`` record of the paired gaps in ``key`` of every non-default arm of the
+    """(cell key, arm) -> ``hf_condinit.stats.judge`` record of the paired gaps in ``key`` of every non-default arm of the
     cells ``keys``: one table column, one Holm family."""
     return V.judge({(k, a): paired_gaps(cells[k], a, key) for k in keys for a in arms
                     if a != "default" and a in cells[k]}, higher_is_better=key == "blimp")
@@ -239,13 +239,13 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
                              + ("–" if a == "default" else V.fmt(verdicts["blimp"].get((k, a)), 2, 100)) + " |")
         lines.append("")
         sizes = {key: len([v for v in verdicts[key].values() if v["n"] >= 2]) for key in verdicts}
-        lines.append(V.family_caption("this table's Δ loss cells", sizes["loss"])
+        lines.append(C.family_caption("this table's Δ loss cells", sizes["loss"])
                      + f" The Δ BLiMP column is its own family of {sizes['blimp']} cells.")
         for k in keys:
             curves = [r["eval_curve"] for r in cells[k].get("default", {}).values()]
             if curves:
                 lines.append(f"- {k[0]}, {k[1]:g} tokens per non-embedding parameter: "
-                             + V.flat_sentence(V.flat_curve(curves, next(iter(cells[k]["default"].values()))["steps"])))
+                             + C.flat_sentence(V.flat_curve(curves, next(iter(cells[k]["default"].values()))["steps"])))
         lines.append("")
 
     order = {size_name(s): i for i, s in enumerate(p.sizes)}
@@ -274,7 +274,7 @@ def markdown(cells: dict, res: dict, p: ScalePlan, eval_name: str | None) -> str
             lines.append(f"| {a} | " + " | ".join(_f(v) for v in vals) + f" | {r['best_lr']:g}{edge} |"
                          + ("" if a == "default" else " ") + cells_txt)
         lines.append("")
-        lines.append(V.family_caption("this table's Δ cells (both columns)",
+        lines.append(C.family_caption("this table's Δ cells (both columns)",
                                       len([v for v in verdicts.values() if v["n"] >= 2])))
         lines.append("")
     lines.append("Trend of the gap (least squares on log10, each seed one point; 95 % intervals; extrapolation "

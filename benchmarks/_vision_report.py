@@ -10,7 +10,7 @@ import json
 import os
 
 import _common as C
-import _verdict as V
+from hf_condinit import stats as V
 
 
 def crossing_step(curve: list[dict], target: float) -> float | None:
@@ -107,7 +107,7 @@ def markdown(results: dict) -> str:
                          f"{_f(a['loss_mean'])} | {st_txt} (of {a['run_steps']}) | {kit} | {ket} | "
                          f"{_f(a['images_per_second'], 0)} |")
         lines.append("")
-        lines.append(V.family_caption("the Δ cells of both settings' tables (every arm against default)",
+        lines.append(C.family_caption("the Δ cells of both settings' tables (every arm against default)",
                                       len([v for v in verdicts.values() if v["n"] >= 2])))
         lines.append("")
         lines.append(f"Default's final curve accuracy (1,000-image subset): {_f(n['default_final_curve_accuracy'])}. "

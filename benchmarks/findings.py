@@ -2,7 +2,7 @@
 
 Every figure in those blocks is computed here from ``benchmarks/results/{compare,scale,depth,vision}/runs`` with the
 harness's own aggregation (``_lm_report.collect``, ``_scale_report.collect``, ``_depth_report.collect``, ``_vision_report.collect``: read
-only) and judged by the one verdict rule (``benchmarks/_verdict.py``). The blocks sit between markers:
+only) and judged by the one verdict rule (``hf_condinit.stats``). The blocks sit between markers:
 
 - README.md: ``<!-- BEGIN GENERATED: findings -->`` … ``<!-- END GENERATED: findings -->``;
 - docs/results.md: ``<!-- BEGIN GENERATED: results-<mode> -->`` … ``<!-- END GENERATED: results-<mode> -->`` for mode
@@ -25,7 +25,7 @@ import textwrap
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
-import _verdict as V  # noqa: E402
+from hf_condinit import stats as V  # noqa: E402
 
 RESULTS = os.path.join(C.REPO_ROOT, "benchmarks", "results")
 README = os.path.join(C.REPO_ROOT, "README.md")
@@ -91,7 +91,7 @@ def collect_all() -> dict:
 
 
 def flat_summary(r: dict) -> str:
-    """Which cells' default eval curves are flat by ``_verdict.flat_curve`` (the only ones that may be called near
+    """Which cells' default eval curves are flat by ``hf_condinit.stats.flat_curve`` (the only ones that may be called near
     convergence; the cosine schedule flattens the end of every run, so flat is not enough)."""
     import _scale_plan as SP
 

@@ -1,15 +1,12 @@
-"""The benchmarks' verdict rule (benchmarks/_verdict.py) against scipy.stats and a hand-made Holm example."""
+"""The verdict rule (hf_condinit.stats) against scipy.stats and a hand-made Holm example."""
 
 import math
-import os
 import statistics
-import sys
 
 import pytest
 
 stats = pytest.importorskip("scipy.stats")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import _verdict as V  # noqa: E402
+from hf_condinit import stats as V  # noqa: E402
 
 
 def test_interval_matches_scipy():
