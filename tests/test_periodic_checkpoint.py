@@ -68,3 +68,18 @@ def test_the_script_flag(tmp_path):
     assert callback.every_seconds == 90.0 and callback in trainer.callback_handler.callbacks
     with pytest.raises(ValueError, match="every_seconds must be > 0"):
         PeriodicCheckpointCallback(0)
+
+
+def test_run_clm_saves_by_the_clock(tmp_path):
+    """``--save_minutes`` through a script: an interval shorter than any step saves after every step but the last
+    (the run's own final save), with ``--save_strategy no``."""
+    from utils import load_script
+
+    out = tmp_path / "out"
+    load_script("run_clm.py").main([
+        "--output_dir", str(out), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--seed", "7",
+        "--cache_dir", str(tmp_path / "cache"), "--max_steps", "3", "--synthetic_train_examples", "64",
+        "--synthetic_eval_examples", "16", "--save_strategy", "no", "--save_minutes", "1e-9",
+    ])  # fmt: skip
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-1", "checkpoint-2"]
+    assert (out / "train_results.json").exists()
