@@ -48,6 +48,7 @@ from hf_condinit import stats  # noqa: E402
 from hf_condinit.stats import crossing_step  # noqa: E402,F401
 from hf_condinit.locks import claimed, is_claimed  # noqa: E402,F401
 from hf_condinit.study.files import write_json  # noqa: E402,F401
+from hf_condinit.study.recipes import parse_recipe  # noqa: E402
 
 #: How the committed reports (README.md's findings, docs/results.md, results.md) cite the verdict rule, which lives in
 #: :mod:`hf_condinit.stats`: the name of the module that once re-exported it, kept so that the generated pages stay
@@ -69,17 +70,22 @@ DATASETS: dict[str, list[str]] = {
     "gutenberg": [os.path.join(SHARED_DATA, "gutenberg-nltk")],
 }
 
-# arm name -> (init method, attn_implementation, extra condinit options)
-ARMS: dict[str, tuple[str, str, dict]] = {
-    "default": ("default", "sdpa", {}),
-    "mimetic": ("mimetic", "sdpa", {}),
-    "conditioned": ("conditioned", "sdpa", {}),
-    "conditioned+affine_scaled": ("conditioned", "affine_scaled", {}),
-    "affine_scaled": ("default", "affine_scaled", {}),
-    "spectral": ("default", "sdpa", {"spectral_lambda": 10.0}),
-    "preconditioned": ("default", "preconditioned", {}),
-    "attention_sink": ("default", "attention_sink", {}),
+#: Every arm of the benchmarks: name (in records, folders and reports) -> recipe, in the study's grammar
+#: (:mod:`hf_condinit.study.recipes`: ``INIT+ATTENTION[:OPTION=VALUE,...]``, what ``hf-condinit-study --arms`` takes).
+RECIPES: dict[str, str] = {
+    "default": "default+sdpa",
+    "mimetic": "mimetic+sdpa",
+    "conditioned": "conditioned+sdpa",
+    "conditioned+affine_scaled": "conditioned+affine_scaled",
+    "affine_scaled": "default+affine_scaled",
+    "spectral": "default+sdpa:spectral_lambda=10",
+    "preconditioned": "default+preconditioned",
+    "attention_sink": "default+attention_sink",
+    "conditioned_v0.25": "conditioned+sdpa:v_gain=0.25",
 }
+#: The LM suite's arms (compare.py), in report order.
+ARMS = ("default", "mimetic", "conditioned", "conditioned+affine_scaled", "affine_scaled", "spectral", "preconditioned",
+        "attention_sink")
 
 
 TRAIN_DEVICE = "cpu"  # where the harness trains and evaluates (compare.py --device; set_device)
@@ -265,24 +271,25 @@ def gpt2_config(*, n_layer: int, n_embd: int, n_head: int, n_positions: int, voc
 
 
 def build_model(arm: str, config, seed: int, *, condinit_overrides: Optional[dict] = None, dtype=None):
-    """Build a ``GPT2LMHeadModel`` for ``arm`` (``ARMS``) from ``config``; global RNG seeded with ``seed``."""
+    """Build a ``GPT2LMHeadModel`` for ``arm`` (its recipe in ``RECIPES``) from ``config``; global RNG seeded with
+    ``seed``; ``condinit_overrides``: the conditioned init's ``qk_gain`` / ``v_gain`` / ``value_init`` (a sweep's)."""
     import hf_condinit  # noqa: F401  (hooks + variants)
     from transformers import AutoModelForCausalLM
 
     from hf_condinit.scripts_common import with_causal_loss_type
 
-    if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; known: {list(ARMS)}")
-    method, impl, extra = ARMS[arm]
-    condinit = {"method": method, "seed": int(seed), **extra}
-    if condinit_overrides and method == "conditioned":
+    if arm not in RECIPES:
+        raise ValueError(f"unknown arm {arm!r}; known: {list(RECIPES)}")
+    recipe = parse_recipe(RECIPES[arm])
+    condinit = {"method": recipe.init, "seed": int(seed), **recipe.typed_options()}
+    if condinit_overrides and recipe.init == "conditioned":
         condinit.update({k: v for k, v in condinit_overrides.items() if k in ("qk_gain", "v_gain", "value_init")})
     torch.manual_seed(seed)
     kwargs = {}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), condinit=condinit, attn_implementation=impl,
-                                             **kwargs)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), condinit=condinit,
+                                             attn_implementation=recipe.attention, **kwargs)
     return with_causal_loss_type(model)
 
 

@@ -57,7 +57,7 @@ class DepthPlan:
 
 FULL = DepthPlan(width=64, n_head=2, depths=(2, 4, 8), seeds=(2, 3, 5), main_tpp=20.0, grid_depth=4, grid_tpp=5.0,
                  grid_lrs=(1e-3, 3e-3, 1e-2, 3e-2), ladder=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
-                 shared_lr=3e-3, arms=tuple(SP.ARMS), batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16,
+                 shared_lr=3e-3, arms=SP.ARMS, batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16,
                  final_eval_blocks=64, dropped=((8, 96, 3),),
                  shared_from=os.path.join(C.REPO_ROOT, "benchmarks", "results", "scale"), rate_check_depth=8,
                  matched_baselines=((8, "cpu", (0, 1, 2)),))  # default's seeds 0-2 at 1e-2 ran on an H200

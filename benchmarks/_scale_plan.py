@@ -13,15 +13,12 @@ from dataclasses import dataclass
 import _common as C
 import _lm_run as LM
 
+from hf_condinit.study.recipes import parse_recipe
 
-# arm label -> (harness arm of _common.ARMS, conditioned-init overrides)
-ARMS: dict[str, tuple[str, dict]] = {
-    "default": ("default", {}),
-    "conditioned": ("conditioned", {}),
-    "conditioned_v0.25": ("conditioned", {"v_gain": 0.25}),
-    "mimetic": ("mimetic", {}),
-    "affine_scaled": ("affine_scaled", {}),
-}
+
+#: The sweeps' arms (recipes in ``_common.RECIPES``). A run's spec names the LM arm (``_common.ARMS``) of the
+#: recipe's init and attention and carries its options (the conditioned gains).
+ARMS = ("default", "conditioned", "conditioned_v0.25", "mimetic", "affine_scaled")
 
 
 @dataclass(frozen=True)
@@ -55,7 +52,7 @@ class ScalePlan:
 
 
 FULL = ScalePlan(sizes=((2, 32, 1), (2, 64, 2), (2, 96, 3)), seeds=(2, 3, 5), main_tpp=20.0, length_tpps=(1.0, 5.0),
-                 length_seeds=3, lrs=(1e-3, 3e-3, 1e-2), shared_lr=3e-3, lr_seeds=2, lr_tpp=5.0, arms=tuple(ARMS),
+                 length_seeds=3, lrs=(1e-3, 3e-3, 1e-2), shared_lr=3e-3, lr_seeds=2, lr_tpp=5.0, arms=ARMS,
                  batch_size=8, block_size=256, vocab_size=4096, eval_blocks=16, final_eval_blocks=64)
 QUICK = ScalePlan(sizes=((1, 16, 2), (1, 32, 4), (2, 32, 4)), seeds=(1, 2, 1), main_tpp=0.25, length_tpps=(0.1,),
                   length_seeds=1, lrs=(3e-3, 1e-2), shared_lr=3e-3, lr_seeds=1, lr_tpp=0.1, arms=("default", "conditioned_v0.25"),
@@ -77,14 +74,19 @@ def make_spec(p, label: str, size, tpp: float, lr: float, seed: int, kappa_at: t
     ``label`` ``"<arm>@<device>"`` (e.g. ``default@cpu``): that arm's run again, bound to ``device`` ("cpu" or
     "cuda": only a worker on it trains it; :func:`arm_of`), its own record beside the arm's."""
     base, _, device = label.partition("@")
-    arm, over = ARMS[base]
+    recipe = parse_recipe(C.RECIPES[base])
+    arm = next(a for a in C.ARMS if C.RECIPES[a] == f"{recipe.init}+{recipe.attention}")
+    over = recipe.typed_options()
+    if set(over) - set(LM.GAIN_KEYS):
+        raise ValueError(f"arm {label!r}: a sweep's recipe may set only {', '.join(LM.GAIN_KEYS)}")
     n_layer, n_embd, n_head = size
     kw = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, batch_size=p.batch_size, block_size=p.block_size,
               tokens_per_param=tpp)
     steps = C.steps_for_tokens_per_param(kw)
     return LM.TrainSpec(arm=arm, seed=seed, steps=steps, lr=lr, eval_every=max(1, steps // 10),
                        eval_blocks=p.eval_blocks, log_every=max(1, steps // 40), kappa_at=tuple(kappa_at),
-                       diag_probe=(2, min(128, p.block_size)), v_gain=over.get("v_gain"),
+                       diag_probe=(2, min(128, p.block_size)), qk_gain=over.get("qk_gain"),
+                       v_gain=over.get("v_gain"),
                        setting=setting_name(size, tpp, lr),
                        extra=dict(label=label, size=size_name(size), final_eval_blocks=p.final_eval_blocks,
                                   **({"device": device} if device else {})), **kw)

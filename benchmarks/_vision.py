@@ -52,14 +52,7 @@ DATA_DIR = os.path.join(C.SHARED_DATA, "cifar10")
 TRAIN_FILE = os.path.join(DATA_DIR, "train.parquet")
 TEST_FILE = os.path.join(DATA_DIR, "test_dev.parquet")
 
-# arm name -> (init method, attn_implementation, extra condinit options)
-ARMS: dict[str, tuple[str, str, dict]] = {
-    "default": ("default", "sdpa", {}),
-    "mimetic": ("mimetic", "sdpa", {}),
-    "conditioned": ("conditioned", "sdpa", {}),
-    "conditioned_v0.25": ("conditioned", "sdpa", {"v_gain": 0.25}),
-    "affine_scaled": ("default", "affine_scaled", {}),
-}
+ARMS = ("default", "mimetic", "conditioned", "conditioned_v0.25", "affine_scaled")  # recipes: _common.RECIPES
 QUICK_ARMS = ("default", "mimetic")
 
 
@@ -289,11 +282,12 @@ def train_run(spec: VisionSpec, train_file: str, curve_file: str, test_file: str
     from transformers.trainer_callback import PrinterCallback
 
     from hf_condinit.scripts_common import CondInitArguments
+    from hf_condinit.study.recipes import parse_recipe
     from hf_condinit.vision import ImageTransform, load_image_datasets
 
     ric = _load_script()
-    init, attention, options = ARMS[spec.arm]
-    cond_args = CondInitArguments(init=init, attention=attention, **options)
+    recipe = parse_recipe(C.RECIPES[spec.arm])
+    cond_args = CondInitArguments(init=recipe.init, attention=recipe.attention, **recipe.typed_options())
     model_args = ric.ModelArguments(model_config=spec.model_config, config_overrides=spec.config_overrides)
     data_args = ric.DataTrainingArguments(train_file=train_file, validation_file=curve_file)
     training_args = ric.ImageTrainingArguments(

@@ -1,6 +1,6 @@
 """Do conditioned init and the attention variants help? Train the same small GPT-2 per arm and seed, compare.
 
-Arms (``_common.ARMS``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
+Arms (``_common.ARMS``, recipes in ``_common.RECIPES``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
 identity mode), preconditioned, attention_sink. Each arm × seed is one ``run_clm.py``-style run through the HF
 ``Trainer`` (``_lm_run.train_run``: the library's data helpers, ``CondInitTrainer``, the docs/methods.md §7 LM recipe,
 ``ConditionNumberCallback``), into a normal Trainer output folder ``trainer/<setting>/<arm>/seed<k>-<key>/``. Same data order
@@ -47,6 +47,8 @@ import _lm_run as LM  # noqa: E402
 import _lm_zero_shot as ZS  # noqa: E402
 from _lm_run import GAIN_KEYS, SWEEP_KEYS  # noqa: E402
 from _common import fail, steps_for_tokens_per_param  # noqa: E402
+
+from hf_condinit.study.recipes import parse_recipe  # noqa: E402
 
 # Built-in sweep: name -> overrides of the base TrainSpec. Gain-only settings change the conditioned arm only.
 DEFAULT_SWEEP = [
@@ -245,8 +247,8 @@ def plan_runs(args) -> tuple[list, dict]:
             settings[name] = over
             for s in range(args.sweep_seeds):
                 for a in ("default", "conditioned"):
-                    o = over if C.ARMS[a][0] == "conditioned" else {k: v for k, v in over.items()
-                                                                     if k not in GAIN_KEYS}
+                    o = over if parse_recipe(C.RECIPES[a]).init == "conditioned" else {
+                        k: v for k, v in over.items() if k not in GAIN_KEYS}
                     target = costly if any(k in o for k in ("steps", "n_layer", "n_embd", "block_size")) else cheap
                     target.append(spec(a, s, name if o == over else _setting_name(o), o))
     early = [r for r in base_runs if r.seed < 2]

@@ -59,6 +59,13 @@ def test_recipes_and_their_flags():
     r = parse_recipe("conditioned+affine_scaled:v_gain=0.25,qk_gain=2")
     assert r.flags()[-4:] == ["--v_gain", "0.25", "--qk_gain", "2"]
     assert r.slug == "conditioned_affine_scaled_v_gain_0.25_qk_gain_2"
+    # in process (the benchmarks' runs): the options with CondInitConfig's types
+    typed = parse_recipe("conditioned:v_gain=0.25,value_init=per_head,mimetic_vo_sign=1").typed_options()
+    assert typed == {"v_gain": 0.25, "value_init": "per_head", "mimetic_vo_sign": 1}
+    assert type(typed["mimetic_vo_sign"]) is int
+    assert type(parse_recipe("default+sdpa:spectral_lambda=10").typed_options()["spectral_lambda"]) is float
+    with pytest.raises(ValueError, match="option v_gain='x' is not a float"):
+        parse_recipe("conditioned:v_gain=x").typed_options()
     for bad, hint in [("conditoned", "did you mean 'conditioned'"), ("default+afine_scaled", "'affine_scaled'"),
                       ("conditioned:v_gian=1", "'v_gain'"), ("conditioned:v_gain", "KEY=VALUE")]:
         with pytest.raises(ValueError, match=hint):

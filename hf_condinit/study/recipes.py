@@ -22,6 +22,7 @@ __all__ = ["Recipe", "parse_recipe", "OPTION_KEYS"]
 #: The recipe options: every CondInitConfig field a user sets (the method, seed and filled-in fields are not).
 OPTION_KEYS = tuple(f.name for f in dataclasses.fields(CondInitConfig)
                     if f.name not in ("method", "seed", "layout", "hf_condinit_version"))
+_OPTION_TYPES = {f.name: str(f.type) for f in dataclasses.fields(CondInitConfig)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,19 @@ class Recipe:
             out += ["--attention", self.attention]
         for key, value in self.options:
             out += [f"--{key}", value]
+        return out
+
+    def typed_options(self) -> dict:
+        """The options as :class:`hf_condinit.CondInitConfig` values (``"0.25"`` -> 0.25 for a float option), for
+        a run in this process (``condinit=`` of ``from_config``); ``ValueError`` naming an option whose value is
+        not of its type."""
+        out = {}
+        for key, value in self.options:
+            kind = float if "float" in _OPTION_TYPES[key] else int if "int" in _OPTION_TYPES[key] else str
+            try:
+                out[key] = kind(value)
+            except ValueError:
+                raise ValueError(f"arm {self.name!r}: option {key}={value!r} is not a {kind.__name__}") from None
         return out
 
     @property
