@@ -1,13 +1,14 @@
 """Do conditioned init and the attention variants help? Train the same small GPT-2 per arm and seed, compare.
 
-Arms (``_common.ARMS``, recipes in ``_common.RECIPES``): default, mimetic, conditioned, conditioned+affine_scaled, affine_scaled, spectral (λ = 10,
-identity mode), preconditioned, attention_sink. Each arm × seed is one ``run_clm.py``-style run through the HF
-``Trainer`` (``_lm_run.train_run``: the library's data helpers, ``CondInitTrainer``, the docs/methods.md §7 LM recipe,
-``ConditionNumberCallback``), into a normal Trainer output folder ``trainer/<setting>/<arm>/seed<k>-<key>/``. Same data order
-per seed across arms (the Trainer's sampler seeded with the seed), held-out split = the first 5 % of the documents.
+Arms (``_common.ARMS``, recipes in ``_common.RECIPES``): default, mimetic, conditioned, conditioned+affine_scaled,
+affine_scaled, spectral (λ = 10, identity mode), preconditioned, attention_sink. Each arm × seed is one
+``run_clm.py``-style run through the HF ``Trainer`` (``_lm_run.train_run``: the library's data helpers,
+``CondInitTrainer``, the docs/methods.md §7 LM recipe, ``ConditionNumberCallback``), into a normal Trainer output
+folder ``trainer/<setting>/<arm>/seed<k>-<key>/``. Same data order per seed across arms (the Trainer's sampler seeded
+with the seed), held-out split = the first 5 % of the documents.
 
 Per arm the report (``_lm_report``) gives: final eval perplexity (full held-out split, and each ``--eval-file``) mean ± std over seeds;
-the paired difference to default with its 95 % interval and verdict (``_verdict.judge``: better / worse / no, Holm
+the paired difference to default with its 95 % interval and verdict (``hf_condinit.stats.judge``: better / worse / no, Holm
 over the table); steps to reach the default arm's final eval
 loss (on the eval-curve subset, linear interpolation between eval points) and the ratio to the run length; κ(J) of the
 attention Jacobian (docs/methods.md §6; causal mask as used, and unmasked) with its surrogate bound at a few points of the
