@@ -39,7 +39,8 @@ ROWS = {
     "torch-2.9": {"python": "3.11", "pins": {"torch": "2.9.1"}},
     "torch-2.10": {"python": "3.11", "pins": {"torch": "2.10.0"}},
     "torch-2.11": {"python": "3.11", "pins": {"torch": "2.11.0"},
-                   "extra": {"files": ["tests/test_compile.py"], "env": {"HF_CONDINIT_COMPILE_BACKEND": "inductor"}}},
+                   "extra": {"files": ["tests/attention/test_compile.py"],
+                             "env": {"HF_CONDINIT_COMPILE_BACKEND": "inductor"}}},
     "torch-2.13": {"python": "3.11", "pins": {},
                    "note": "the base row (Python 3.11, torch 2.13.0, transformers 5.17.0, accelerate 1.15.0): also "
                            "the transformers 5.17.0, accelerate 1.15.0 and Python 3.11 rows"},

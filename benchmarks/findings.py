@@ -11,7 +11,7 @@ only) and judged by the one verdict rule (``hf_condinit.stats``). The blocks sit
   ``benchmarks/results/vision_study/study`` (:func:`vision_study_block`: one line while it is missing or unfinished).
 
     python benchmarks/findings.py            # rewrite the blocks
-    python benchmarks/findings.py --check    # exit 1 when a committed block differs (tests/test_findings.py)
+    python benchmarks/findings.py --check    # exit 1 when a committed block differs (tests/benchmarks/test_findings.py)
 """
 
 from __future__ import annotations

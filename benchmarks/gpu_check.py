@@ -51,8 +51,8 @@ e. **init cost** (`_gpu_check/init_cost.py`): after throwaway warm-up builds, bu
    labelled), and the CPU draws' share of the cost.
 
 ``--smoke`` runs every part on CPU with tiny stand-in shapes (labelled SMOKE everywhere: never GPU results); it is
-run by ``tests/test_gpu_check.py``. Numbers of a smoke run mean nothing beyond "the code path works". Exit status: 0
-when every part finished and every case of part b passed, 1 otherwise, 2 for a usage error.
+run by ``tests/benchmarks/test_gpu_check.py``. Numbers of a smoke run mean nothing beyond "the code path works". Exit
+status: 0 when every part finished and every case of part b passed, 1 otherwise, 2 for a usage error.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Two subcommands; nox (``noxfile.py``) calls both, each matrix row in a fresh uv 
     python benchmarks/versions_report.py run --row torch-2.13 --command "..."   # inside the row's environment
     python benchmarks/versions_report.py report                                 # records -> docs/versions.md
 
-``run`` runs the library tests (the subset of .ci/run's second pass, tests/test_fsdp.py included) with one pytest
-process per test file, so that a crash (abort, segfault) in one file cannot hide the others, and writes the row's
+``run`` runs the library tests (the subset of .ci/run's second pass, tests/scripts/test_fsdp.py included) with one
+pytest process per test file, so that a crash (abort, segfault) in one file cannot hide the others, and writes the row's
 record, ``benchmarks/results/versions/<row>.json``: row id, command, installed versions (importlib.metadata in the
 row's environment), git commit, date, per-file status and counts, totals, wall time. ``report`` turns every record
 there into ``docs/versions.md`` ("Supported versions") with the floors declared in pyproject.toml.
@@ -33,7 +33,7 @@ RECORDS = ROOT / "benchmarks" / "results" / "versions"
 PAGE = ROOT / "docs" / "versions.md"
 PACKAGES = ["torch", "transformers", "accelerate", "datasets", "deepspeed", "tokenizers", "evaluate"]
 # the .ci/run second-pass subset: every library test, without the end-to-end script runs
-EXCLUDED_GLOBS = ["tests/test_run_*", "tests/test_compare_*"]
+EXCLUDED_GLOBS = ["tests/**/test_run_*", "tests/**/test_compare_*"]
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "-m", "not slow"]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 STATUSES = ["passed", "failed", "crashed", "timeout"]
@@ -42,9 +42,9 @@ SUMMARY_WORDS = {"passed": "passed", "failed": "failed", "error": "errors", "err
 
 
 def test_files(root=ROOT):
-    """The library test files, sorted: tests/test_*.py less the script runs (EXCLUDED_GLOBS)."""
-    excluded = {p for g in EXCLUDED_GLOBS for p in glob.glob(g + ".py", root_dir=root)}
-    return sorted(p for p in glob.glob("tests/test_*.py", root_dir=root) if p not in excluded)
+    """The library test files, sorted: tests/**/test_*.py less the script runs (EXCLUDED_GLOBS)."""
+    excluded = {p for g in EXCLUDED_GLOBS for p in glob.glob(g + ".py", root_dir=root, recursive=True)}
+    return sorted(p for p in glob.glob("tests/**/test_*.py", root_dir=root, recursive=True) if p not in excluded)
 
 
 def classify(returncode, timed_out):

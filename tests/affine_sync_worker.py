@@ -1,4 +1,4 @@
-"""Worker of tests/test_affine_scaled_sync.py: a tiny affine_scaled GPT-2 trained on fixed global batches.
+"""Worker of tests/attention/test_affine_scaled_sync.py: a tiny affine_scaled GPT-2 trained on fixed global batches.
 
 ``--mode single`` (no launcher) trains on the whole global batch in one process; ``--mode ddp`` (under torchrun; then
 again with each rank's α_ma statistic reduced over that rank alone, ``ddp-local``, the behaviour before the fix) and

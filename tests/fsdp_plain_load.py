@@ -1,6 +1,6 @@
 """Load saved models in plain transformers (``import hf_condinit`` raises here) and save their state dicts.
 
-Usage: python tests/fsdp_plain_load.py OUT_FILE MODEL_DIR...   (run by tests/test_fsdp.py)
+Usage: python tests/fsdp_plain_load.py OUT_FILE MODEL_DIR...   (run by tests/scripts/test_fsdp.py)
 
 Each ``MODEL_DIR`` is loaded with ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``: a variant
 checkpoint runs the ``condinit_modeling.py`` written beside its weights. ``OUT_FILE`` gets ``{dir: state_dict}``.

@@ -1,5 +1,5 @@
-"""Worker of tests/test_fsdp.py: ``run_clm.py`` / ``run_mlm.py`` jobs run one after the other in one process group,
-each dumping every rank's full (gathered) state dict when training begins and when it ends.
+"""Worker of tests/scripts/test_fsdp.py: ``run_clm.py`` / ``run_mlm.py`` jobs run one after the other in one process
+group, each dumping every rank's full (gathered) state dict when training begins and when it ends.
 
 Usage:
     torchrun --nproc_per_node 2 tests/fsdp_worker.py JOBS.json   # the FSDP2 jobs (2 CPU processes, gloo)

@@ -1,4 +1,4 @@
-"""One rank of ``tests/test_streaming_ranks.py`` (launched by torchrun, two CPU processes over gloo).
+"""One rank of ``tests/data/test_streaming_ranks.py`` (launched by torchrun, two CPU processes over gloo).
 
 Argv: ``TEXT TOKENIZER OUT GROUP_ROWS BATCH``. Streams ``TEXT`` as ``run_clm.py --streaming`` does (this rank's rows:
 ``split_by_rank``; packing groups of ``GROUP_ROWS`` rows, blocks of 16 tokens) and writes ``OUT/rank<r>.json``:

@@ -19,11 +19,11 @@ _VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 #: defaults`` (transformers/utils/generic.py) reads ``func.__code__.co_varnames`` ("Unsupported call_method
 #: GetAttrVariable(GetSetDescriptorVariable(), co_varnames) __contains__"), and past it ``capture_outputs``
 #: (transformers/utils/output_capturing.py) stops with "NameError: name 'torch' is not defined". Measured: 2.7.1 traces
-#: both and compiles every variant with eager's outputs and gradients (tests/test_compile.py), so does 2.8.0.
+#: both and compiles every variant with eager's outputs and gradients (tests/attention/test_compile.py), so does 2.8.0.
 COMPILE_MIN_TORCH = (2, 7)
 
 #: torch releases (major, minor) whose compiled training gives these variants wrong gradients while the outputs equal
-#: eager's: refused there. 2.11 with inductor, affine_scaled + spectral (tests/test_compile.py with
+#: eager's: refused there. 2.11 with inductor, affine_scaled + spectral (tests/attention/test_compile.py with
 #: HF_CONDINIT_COMPILE_BACKEND=inductor: ‖Δ grad wte‖ up to 0.71, 34 % of its elements; the version matrix's
 #: torch-2.11 row); aot_eager matches there, but the refusal cannot see the backend.
 COMPILE_WRONG_GRADIENTS = {(2, 11): ("affine_scaled", "spectral conditioning")}

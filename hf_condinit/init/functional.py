@@ -168,7 +168,7 @@ def mimetic_factors(target: torch.Tensor, rank: int | None = None) -> tuple[torc
     ``target`` may carry a leading batch dimension (..., D, D) → (..., D, r), (..., r, D). ``rank`` defaults to D;
     above D the factors are zero-padded (L R = A). fp32 results, on ``target``'s device; the signs of the singular
     vectors are the solver's (only the products are defined: ‖A − L R‖_F is within `MIMETIC_TOL` relative of the
-    Eckart–Young optimum ‖A − A_r‖_F, tests/test_mimetic_factors.py).
+    Eckart–Young optimum ‖A − A_r‖_F, tests/init/test_mimetic_factors.py).
 
     On the CPU, one target at a time:
 

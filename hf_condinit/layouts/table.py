@@ -1,6 +1,6 @@
 """``config.model_type`` → layout adapter (peft's ``constants.py`` analogue).
 
-Every entry is proved against the model's own forward on a miniature in ``tests/test_layouts.py``
+Every entry is proved against the model's own forward on a miniature in ``tests/layouts/test_layouts.py``
 (`hf_condinit.layouts.proof`); model types not listed here get a layout detected and proved at run time
 (`hf_condinit.layouts.detect`). ``variant_refusal`` records why a family can never take the attention variants
 (`affine_scaled`, `attention_sink`, `preconditioned`): terms the variants do not implement, or attention that is

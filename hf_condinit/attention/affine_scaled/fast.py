@@ -33,8 +33,8 @@ cannot reuse SDPA's dropout mask), and so are fp32 / fp16 models and forwards wi
 
 Not done (measured): a single bf16 SDPA pass on V centred by its per-sequence mean, reused for α's gradient, gives
 W_a's bf16 gradient a relative error of 0.157 against the reference's own 0.035 (Llama case of
-tests/test_affine_scaled.py; 0.23 uncentred, 0.046 with the fp16 pass): the bf16 rounding of the softmax weights,
-not V's common offset, dominates.
+tests/attention/test_affine_scaled.py; 0.23 uncentred, 0.046 with the fp16 pass): the bf16 rounding of the softmax
+weights, not V's common offset, dominates.
 
 Memory (`_AffineOutput`): the combination α·(A − m) + α_ma·m saves only α beyond what SDPA saves; A − m is
 recomputed in the backward (m from V: a prefix sum, or a masked mean with a mask).

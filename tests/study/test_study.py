@@ -1,7 +1,7 @@
 """``python -m hf_condinit.study`` plans arms × seeds × each arm's rate, runs the cells (claimed, resumable; dead
 workers named and replaced), grows a plan without redoing finished cells, reports a verdict without the cells that
 chose the rates and its power, and refuses what it cannot do in one line before anything is saved (SLURM:
-tests/test_study_slurm.py).
+tests/study/test_study_slurm.py).
 
 The cells run ``tests/study_fake_run.py`` (a stand-in for run_clm.py whose final loss is known: default is best at
 3e-3, the other arms at 1e-2 and 0.05 lower); ``test_real_run_clm_study`` runs run_clm.py itself."""
@@ -23,7 +23,7 @@ from hf_condinit.study.cli import main
 from hf_condinit.study.plan import Cell, Plan, arm_rates, slots
 from hf_condinit.study.recipes import parse_recipe
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where the helpers are
 REPO = os.path.dirname(HERE)
 FAKE = os.path.join(HERE, "study_fake_run.py")
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=REPO)

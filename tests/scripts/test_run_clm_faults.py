@@ -12,7 +12,7 @@ every 2), against one uninterrupted reference run:
 - a full disk (a tmpfs, as root): one line naming the folder, the errno and the free space, exit 1, whether the save
   failed half way or could not fit beside the last checkpoint; a clean rerun once there is room.
 
-The two-process (FSDP2) side is in tests/test_fsdp.py (``test_sigterm_on_one_rank_stops_every_rank``).
+The two-process (FSDP2) side is in tests/scripts/test_fsdp.py (``test_sigterm_on_one_rank_stops_every_rank``).
 """
 
 import json

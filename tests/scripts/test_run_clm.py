@@ -365,7 +365,7 @@ def test_torch_compile_trains_with_run_clms_own_set_up(tmp_path):
     conditioning's forward hooks, the throughput callback) trains compiled, with no graph break. The ``aot_eager``
     backend runs dynamo and AOTAutograd (what breaks a graph) without inductor's C++ build. Accelerate's regional
     compilation, for every variant: the test below; the attention variants' compile per model in
-    tests/test_compile.py, per block in tests/test_compile_blocks.py."""
+    tests/attention/test_compile.py, per block in tests/attention/test_compile_blocks.py."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 

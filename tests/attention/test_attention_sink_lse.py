@@ -85,7 +85,7 @@ def test_gqa_without_kernel_support_is_refused_not_run(monkeypatch):
 def test_gqa_model_fast_path_matches_the_naive_formula(monkeypatch, capability, padded):
     """Llama with 4 query heads over 2 KV heads, training forward + backward: the fast path's output and every
     gradient (the sink logits' included) equal the naive formula's (`attention_sink_reference`, fp32 scores: the
-    tolerance of tests/test_attention_variants.py), and the kernel got
+    tolerance of tests/attention/test_attention_variants.py), and the kernel got
     the KV heads the capability check decided: 2 where the running torch's CPU kernel takes GQA (torch >= 2.9),
     else 4 (repeated before the call); 4 with the capability forced off on any torch."""
     if capability == "forced_off":

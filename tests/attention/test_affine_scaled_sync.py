@@ -18,7 +18,7 @@ import torch
 
 from utils import REPO
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import affine_sync_worker as worker  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -9,10 +9,10 @@ pre-hook passes a request for the weights to the blocks as a keyword argument
 (`hf_condinit.attention._common.pass_attention_request`), and the collector is read only where that needs no graph
 break.
 
-CPU, ``aot_eager`` (dynamo capture and AOTAutograd, custom autograd.Functions included; tests/test_compile.py says why
-not inductor), 1-layer miniatures of tests/utils.py (dropout off, holders randomised), the block compiled in place.
-One compiled model per (family, variant, spectral) and one (mode, mask) case each, rotated over the families
-(`MATRIX`), keeps the file at about a minute of CPU time (2 cores).
+CPU, ``aot_eager`` (dynamo capture and AOTAutograd, custom autograd.Functions included;
+tests/attention/test_compile.py says why not inductor), 1-layer miniatures of tests/utils.py (dropout off, holders
+randomised), the block compiled in place. One compiled model per (family, variant, spectral) and one (mode, mask) case
+each, rotated over the families (`MATRIX`), keeps the file at about a minute of CPU time (2 cores).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 def build(family: str, variant: str, spectral: bool = False):
     """A 1-layer miniature with ``variant`` (and spectral conditioning, λ = 1), holders randomised; skips where the
     running torch refuses to compile it (`compile_refusal`: below torch 2.7, and affine_scaled or spectral on 2.11;
-    the refusal itself is tested in tests/test_compile.py)."""
+    the refusal itself is tested in tests/attention/test_compile.py)."""
     auto, _, overrides = FAMILIES[family]
     condinit = {"method": "default", "spectral_lambda": 1.0} if spectral else None
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config  # noq
 
 from hf_condinit.scripts_common import CondInitArguments, validate_deepspeed_config  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DS = {name: os.path.join(REPO, "ds_configs", f"{name}.json") for name in ("zero2", "zero3", "zero3_offload")}
 
 

@@ -124,7 +124,7 @@ def test_same_rate_check_and_its_verdict():
     assert [round(g, 9) for g in r["gap_loss"].values()] == [round(g, 9) for g in gaps]
     assert math.isclose(r["gap_loss_ms"][0], sum(gaps) / 3)
     assert r["default_own_rate_loss"] == {0: 4.90, 1: 4.91, 2: 4.90}
-    # the one rule (benchmarks/_verdict.py, tests/test_verdict.py): paired t on 3 seeds, a family of one row
+    # the one rule (benchmarks/_verdict.py, tests/benchmarks/test_verdict.py): paired t on 3 seeds, a family of one row
     from scipy import stats
 
     assert r["verdict"]["p"] == pytest.approx(stats.ttest_1samp(gaps, 0.0).pvalue)

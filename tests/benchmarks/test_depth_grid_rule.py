@@ -13,7 +13,7 @@ import pytest
 from hf_condinit.study.plan import choose_rate, geometric_extension, ladder_extension
 from utils import load_script
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPTH_RECORDS = os.path.join(REPO, "benchmarks", "results", "depth")
 LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 

@@ -173,7 +173,7 @@ def test_run_glue_own_files_bad_input(tmp_path, monkeypatch):
         assert not (tmp_path / "out").exists()
 
 
-HF_EXAMPLE_ARGS = Path(__file__).parent / "data" / "hf_example_args.json"
+HF_EXAMPLE_ARGS = Path(__file__).parents[1] / "data" / "hf_example_args.json"
 SCRIPTS = {"run_clm.py": run_clm, "run_mlm.py": run_mlm, "run_glue.py": run_glue,
            "run_image_classification.py": run_image_classification}
 PLACEHOLDER_TYPES = {"distilbert/distilbert-base-uncased": "distilbert", "distilbert/distilgpt2": "gpt2",

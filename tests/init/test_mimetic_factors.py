@@ -254,7 +254,7 @@ def test_accelerated_gram_path_and_padding(accelerated):
 def test_mimetic_criterion_on_a_472m_block():
     """One block of configs/gpt2-472m.json (D = 1280, 20 heads of 64; the model cut to 1 layer and a 64-token
     vocabulary), built on the CPU path: the Eckart–Young criterion on heads 0, 1 and the VO product."""
-    with open(os.path.join(os.path.dirname(__file__), "..", "configs", "gpt2-472m.json")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "gpt2-472m.json")) as f:
         spec = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
     config = AutoConfig.for_model(**dict(spec, n_layer=1, vocab_size=64))
     torch.manual_seed(0)

@@ -115,9 +115,9 @@ def test_user_errors_exit_2_in_one_line_and_clean_up(tmp_path, capsys):
                                                       ("usage error", 2, False)])
 def test_run_main_ends_the_process_group_where_every_rank_ends(tmp_path, ending, exit_code, ended):
     """A gloo process group left to interpreter finalisation can abort a finished rank (SIGABRT, "terminate called
-    without an active exception": a CI run of tests/test_run_clm_deepspeed.py). run_main ends it where every rank ends
-    together (a normal return, a preemption's checkpoint), right after a collective (on torch 2.5 a bare destroy there
-    can deadlock on the GIL); a user error, which one rank may hit alone, leaves it."""
+    without an active exception": a CI run of tests/scripts/test_run_clm_deepspeed.py). run_main ends it where every
+    rank ends together (a normal return, a preemption's checkpoint), right after a collective (on torch 2.5 a bare
+    destroy there can deadlock on the GIL); a user error, which one rank may hit alone, leaves it."""
     import torch.distributed as dist
 
     from hf_condinit.callbacks import TrainingPreempted
