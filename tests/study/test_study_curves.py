@@ -15,7 +15,7 @@ from hf_condinit.study.plan import Plan
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where the helpers are
 FAKE = os.path.join(HERE, "study_fake_run.py")
 SEEDS = range(4)
 STEPS = list(range(10, 101, 10))  # evaluations; the run's last step is 100, in 2 epochs
