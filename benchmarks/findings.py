@@ -1,4 +1,4 @@
-"""Write README's "What we found" and docs/results.md's result tables from the committed run records (issue 28).
+"""Write README's "What we found" and docs/results.md's result tables from the committed run records.
 
 Every figure in those blocks is computed here from ``benchmarks/results/{compare,scale,depth,vision}/runs`` with the
 harness's own aggregation (``_lm_report.collect``, ``_scale_report.collect``, ``_depth_report.collect``, ``_vision_report.collect``: read

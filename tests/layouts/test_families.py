@@ -143,6 +143,16 @@ HYBRIDS = {"olmo_hybrid": {}, "jamba": {}, "lfm3": {}, "bamba": {"attn_layer_ind
                               "indexer_budget": 8, "indexer_compress_ratio": 4}}
 
 
+def _skip_unless_transformers_runs_it(model, model_type):
+    """Skip where transformers' own model fails its forward with the installed torch (Qwen4-Exp's indexer scatters
+    with an int32 index, which torch 2.5 refuses): the layout proof cannot run there, and it is not the plugin's."""
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 8, dtype=torch.long))
+    except RuntimeError as err:
+        pytest.skip(f"transformers' {model_type} does not run with torch {torch.__version__}: {err}")
+
+
 def _attention_layers(config):
     kinds = getattr(config, "layer_types", None) or config.layers_block_type
     return sum(kind not in ("linear_attention", "mamba", "conv", "mlp") for kind in kinds)
@@ -157,6 +167,7 @@ def test_attention_layers_are_conditioned_and_every_other_mixer_is_built_as_hf_b
     auto = auto_class(small)
     torch.manual_seed(0)
     plain = auto.from_config(small, dtype=torch.float32)
+    _skip_unless_transformers_runs_it(plain, model_type)
     torch.manual_seed(0)
     model = auto.from_config(small, dtype=torch.float32, condinit={"method": "conditioned", "seed": 0})
     assert 1 <= _attention_layers(small) < small.num_hidden_layers or model_type in GATED
