@@ -155,7 +155,7 @@ def _cell(acc: float, ci, where: str) -> str:
 
 
 def report(result: dict) -> str:
-    lines = ["# Zero-shot metrics: trained model vs its random init (issue 28, item 5)\n",
+    lines = ["# Zero-shot metrics: trained model vs its random init\n",
              f"Command: `{result['command']}` on {result['device']} ({result['machine'].get('cpu', '?')}, torch "
              f"threads {result['machine']['torch_threads']}). Model: the default arm of compare.py's base spec with the "
              "command's changes "

@@ -202,7 +202,7 @@ def write_record(out: str, argv, threads: int, rows: list[dict]) -> None:
     with open(os.path.join(out, "record.json"), "w") as f:
         json.dump({"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine,
                    "tokenizers_threads": threads, "rows": rows}, f, indent=1)
-    lines = ["# Data path scaling (issue 37)\n",
+    lines = ["# Data path scaling\n",
              f"`{command}` ({time.strftime('%Y-%m-%d')}, {machine['cpus']} CPUs, {machine['platform']}, "
              f"load {machine['load_average_start']}); block size {BLOCK}, BPE vocab 8192, EOS after every row, "
              f"{threads} tokenizers thread(s) per process.\n",

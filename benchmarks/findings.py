@@ -218,7 +218,7 @@ def findings_block(r: dict) -> str:
                                           if b is not None] + [b for a in base.values() for b in a["blimp_accuracy"]
                                                                if b is not None]
     lines.append(
-        f"- **BLiMP** (every LM run since issue 20, {len(accs)} runs): accuracy {100 * min(accs):.1f}–"
+        f"- **BLiMP** (every LM run that scored BLiMP, {len(accs)} runs): accuracy {100 * min(accs):.1f}–"
         f"{100 * max(accs):.1f} %, within {100 * max(abs(a - 0.5) for a in accs):.1f} points of chance (50 %); "
         "near chance a point of accuracy is heuristic bias, not grammar, so these runs cannot rank the arms by it.")
     return "\n".join(_wrap(line) for line in lines) + "\n"
